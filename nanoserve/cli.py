@@ -1,0 +1,104 @@
+"""The `nanoserve` command line.
+
+    nanoserve generate "Once upon a time" [--model NAME_OR_DIR] [--max-tokens N]
+                       [--temperature T] [--seed S] [--chat]
+"""
+import argparse
+import sys
+import time
+
+import torch
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _non_negative_float(text: str) -> float:
+    value = float(text)
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="nanoserve", description="A Qwen3 inference engine built in notebooks.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    gen = sub.add_parser("generate", help="print a completion of a prompt")
+    gen.add_argument("prompt", help="the text to complete (with --chat: the user's message)")
+    gen.add_argument("--model", default=None,
+                     help="a model directory, a hub id in the local HF cache, or one of tiny-qwen3, "
+                          "qwen3-0.6b-random, smollm2-135m-instruct (default: a cached Qwen3, else SmolLM2)")
+    gen.add_argument("--max-tokens", type=_positive_int, default=64, help="most tokens to generate (default 64)")
+    gen.add_argument("--temperature", type=_non_negative_float, default=0.0,
+                     help="0 = greedy (default); higher = more random")
+    gen.add_argument("--seed", type=int, default=None, help="seed for sampling, for reproducible output")
+    gen.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
+    gen.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
+    return parser
+
+
+def generate(args) -> int:
+    from transformers import AutoTokenizer
+
+    from nanoserve.loader import eos_token_ids, load_model
+    from nanoserve.naive import naive_generate
+    from nanoserve.zoo import resolve_model
+
+    path = resolve_model(args.model)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    model = load_model(path, device=args.device)
+    if args.chat:
+        if tokenizer.chat_template is None:
+            print(f"nanoserve: {path} has no chat template; drop --chat", file=sys.stderr)
+            return 2
+        prompt_ids = tokenizer.apply_chat_template(
+            [{"role": "user", "content": args.prompt}], add_generation_prompt=True, tokenize=True)
+        if hasattr(prompt_ids, "keys"):  # newer transformers return a BatchEncoding
+            prompt_ids = prompt_ids["input_ids"]
+    else:
+        prompt_ids = tokenizer.encode(args.prompt)
+    if not prompt_ids:
+        print("nanoserve: the prompt is empty", file=sys.stderr)
+        return 2
+
+    # Stream: decode everything generated so far and print what is new, holding back a partial
+    # multi-byte character (decoded as U+FFFD) until its remaining bytes arrive.
+    new_ids, printed = [], ""
+
+    def on_token(token: int) -> None:
+        nonlocal printed
+        new_ids.append(token)
+        text = tokenizer.decode(new_ids, skip_special_tokens=True)
+        if not text.endswith("\ufffd"):
+            sys.stdout.write(text[len(printed):])
+            sys.stdout.flush()
+            printed = text
+
+    start = time.perf_counter()
+    naive_generate(model, prompt_ids, args.max_tokens, eos_token_ids=eos_token_ids(path, tokenizer),
+                   temperature=args.temperature, seed=args.seed, on_token=on_token)
+    seconds = time.perf_counter() - start
+    print()
+    print(f"[{path.name}: {len(prompt_ids)} prompt + {len(new_ids)} generated tokens in {seconds:.1f} s, "
+          f"{len(new_ids) / seconds:.1f} tok/s]", file=sys.stderr)
+    return 0
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    torch.set_grad_enabled(False)
+    try:
+        if args.command == "generate":
+            return generate(args)
+    except (FileNotFoundError, KeyError, ValueError) as e:
+        print(f"nanoserve: {e}", file=sys.stderr)
+        return 1
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
