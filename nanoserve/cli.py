@@ -5,6 +5,7 @@
     nanoserve prepare tiny-qwen3 smollm2-135m-instruct
 """
 import argparse
+import random
 import sys
 import time
 
@@ -36,6 +37,9 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--max-tokens", type=_positive_int, default=64, help="most tokens to generate (default 64)")
     gen.add_argument("--temperature", type=_non_negative_float, default=0.0,
                      help="0 = greedy (default); higher = more random")
+    gen.add_argument("--top-k", type=int, default=0, help="sample only from the k most likely tokens (0 = all)")
+    gen.add_argument("--top-p", type=float, default=1.0, help="sample only from the smallest set of tokens "
+                                                               "whose probability reaches p (default 1 = all)")
     gen.add_argument("--seed", type=int, default=None, help="seed for sampling, for reproducible output")
     gen.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     gen.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
@@ -47,8 +51,10 @@ def build_parser() -> argparse.ArgumentParser:
 def generate(args) -> int:
     from transformers import AutoTokenizer
 
+    from nanoserve.detokenizer import Detokenizer
+    from nanoserve.generate import generate as generate_tokens
     from nanoserve.loader import eos_token_ids, load_model
-    from nanoserve.naive import naive_generate
+    from nanoserve.sampling_params import SamplingParams
     from nanoserve.zoo import resolve_model
 
     path = resolve_model(args.model)
@@ -68,22 +74,23 @@ def generate(args) -> int:
         print("nanoserve: the prompt is empty", file=sys.stderr)
         return 2
 
-    # Stream: decode everything generated so far and print what is new, holding back a partial
-    # multi-byte character (decoded as U+FFFD) until its remaining bytes arrive.
-    new_ids, printed = [], ""
+    try:
+        params = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                                seed=args.seed, max_tokens=args.max_tokens)
+    except ValueError as e:
+        print(f"nanoserve: {e}", file=sys.stderr)
+        return 2
+    stream = Detokenizer(tokenizer)
 
-    def on_token(token: int) -> None:
-        nonlocal printed
-        new_ids.append(token)
-        text = tokenizer.decode(new_ids, skip_special_tokens=True)
-        if not text.endswith("\ufffd"):
-            sys.stdout.write(text[len(printed):])
-            sys.stdout.flush()
-            printed = text
+    def on_token(index: int, token: int) -> None:
+        sys.stdout.write(stream.add(token))
+        sys.stdout.flush()
 
     start = time.perf_counter()
-    naive_generate(model, prompt_ids, args.max_tokens, eos_token_ids=eos_token_ids(path, tokenizer),
-                   temperature=args.temperature, seed=args.seed, on_token=on_token)
+    # Without --seed, a fresh random draw each run (the loop's own seed is fixed for reproducibility).
+    completions, _ = generate_tokens(model, [prompt_ids], params, eos_token_ids=eos_token_ids(path, tokenizer),
+                                     seed=random.randrange(2**62), on_token=on_token)
+    new_ids = completions[0].token_ids
     seconds = time.perf_counter() - start
     print()
     print(f"[{path.name}: {len(prompt_ids)} prompt + {len(new_ids)} generated tokens in {seconds:.1f} s, "
