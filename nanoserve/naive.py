@@ -8,35 +8,19 @@ from nanoserve.attention import NoCache
 
 
 @torch.inference_mode()
-def naive_generate(model, prompt_ids, max_new_tokens: int, eos_token_ids=(), temperature: float = 0.0,
-                   seed: int | None = None, on_token=None) -> list[int]:
-    """Generate up to max_new_tokens after prompt_ids; returns the new token ids.
-
-    temperature 0 picks the highest-scoring token (greedy); otherwise tokens are sampled from
-    softmax(logits / temperature), reproducibly when a seed is given. on_token(token_id) is called
-    for each new token as soon as it exists (for streaming).
-    """
+def naive_generate(model, prompt_ids, max_new_tokens: int, eos_token_ids=()) -> list[int]:
+    """Greedily generate up to max_new_tokens after prompt_ids; returns the new token ids."""
     if not prompt_ids:
         raise ValueError("the prompt is empty: give at least one token")
-    if temperature < 0:
-        raise ValueError(f"temperature must be >= 0, got {temperature}")
     device = next(model.parameters()).device
-    generator = torch.Generator(device).manual_seed(seed) if seed is not None else None
     ids, new = list(prompt_ids), []
     for _ in range(max_new_tokens):
         input_ids = torch.tensor(ids, device=device)
         positions = torch.arange(len(ids), device=device)
         hidden = model(input_ids, positions, NoCache())  # the whole sequence, every time
-        logits = model.compute_logits(hidden[-1:])[0].float()
-        if temperature == 0:
-            token = int(logits.argmax())
-        else:
-            probs = torch.softmax(logits / temperature, dim=-1)
-            token = int(torch.multinomial(probs, 1, generator=generator))
+        token = int(model.compute_logits(hidden[-1:])[0].argmax())  # greedy: the highest score
         ids.append(token)
         new.append(token)
-        if on_token is not None:
-            on_token(token)
         if token in eos_token_ids:
             break
     return new

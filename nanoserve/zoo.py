@@ -241,7 +241,7 @@ def tiny_qwen3_config() -> dict:
     )
 
 
-def _tiny_init(name: str, shape: tuple, generator: torch.Generator) -> torch.Tensor:
+def tiny_init(name: str, shape: tuple, generator: torch.Generator) -> torch.Tensor:
     # A random model is only a useful test oracle if its output depends on the
     # context. With plain unit-scale init the token embedding dominates the
     # residual stream and attention is nearly uniform: the greedy next token is
@@ -266,7 +266,7 @@ def _tiny_init(name: str, shape: tuple, generator: torch.Generator) -> torch.Ten
 
 def build_tiny_qwen3(dest) -> None:
     """Write tiny-qwen3 into dest: byte-identical every time (fp32 safetensors)."""
-    _write_random_qwen3(Path(dest), tiny_qwen3_config(), _tiny_init)
+    _write_random_qwen3(Path(dest), tiny_qwen3_config(), tiny_init)
 
 
 # ----------------------------------------------------------------------------

@@ -5,6 +5,7 @@ from torch.nn import functional as F
 
 from nanoserve.attention import NoCache
 from nanoserve.config import ModelConfig
+from nanoserve.zoo import tiny_init
 
 # Small random models covering the shapes that matter: GQA groups 1, 2 and 4, head_dim 64 and 128,
 # hidden_size != num_heads * head_dim (as in the real Qwen3 models), and the Llama family.
@@ -27,16 +28,12 @@ def _close(what: str, got, want: torch.Tensor, atol: float, hint: str = "") -> N
 
 
 def _spread_init(model: torch.nn.Module, seed: int) -> None:
-    """Re-initialise a model so its logits are spread out (greedy choices are then unambiguous)."""
+    """Re-initialise like tiny-qwen3: logits spread out and context-dependent, so greedy tokens
+    are unambiguous and a wrong position or a wrong cached key changes them."""
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in sorted(model.named_parameters()):
-            if p.ndim == 1:  # norm weights
-                p.copy_(1 + 0.1 * torch.randn(p.shape, generator=gen))
-            elif "embed" in name:
-                p.copy_(torch.randn(p.shape, generator=gen))
-            else:
-                p.copy_(torch.randn(p.shape, generator=gen) * p.shape[1] ** -0.5)
+            p.copy_(tiny_init(name, tuple(p.shape), gen))
 
 
 def hf_tiny_model(arch: str, num_heads: int, num_kv_heads: int, head_dim: int, hidden: int,
@@ -191,7 +188,7 @@ def check_greedy_tokens(generate_fn, model_cls=None, steps: int = 32) -> None:
 
     model_cls = model_cls or Qwen3ForCausalLM
     for name in ["qwen3 group=2 head_dim=128", "llama group=2 head_dim=64"]:
-        hf = hf_tiny_model(**TINY_CONFIGS[name], seed=7)
+        hf = hf_tiny_model(**TINY_CONFIGS[name], seed=7, tie=False)  # untied: varied, not repetitive, tokens
         ours = ours_from_hf(model_cls, hf)
         prompt = [3, 141, 59, 26, 5]
         want = hf_greedy(hf, prompt, steps)
