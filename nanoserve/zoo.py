@@ -214,31 +214,47 @@ def _write_random_qwen3(dest: Path, config: dict, init) -> None:
 
 
 # ----------------------------------------------------------------------------
-# tiny-qwen3: the model of tests and fast notebooks
+# The Qwen3-0.6B config, and tiny-qwen3 (the model of tests and fast notebooks): the same config, shrunk
 
 
-def tiny_qwen3_config() -> dict:
-    """Qwen3Config keyword arguments of tiny-qwen3 (the real vocabulary, tiny everything else)."""
+def qwen3_0_6b_config() -> dict:
+    """Qwen3Config keyword arguments of Qwen/Qwen3-0.6B (from its official config.json)."""
     return dict(
         architectures=["Qwen3ForCausalLM"],
-        vocab_size=151936,  # the real Qwen3 vocabulary (151,669 tokens, padded)
-        hidden_size=128,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        num_key_value_heads=2,  # 2 query heads share each K/V head (GQA)
-        head_dim=32,
-        intermediate_size=384,
+        vocab_size=151936,
+        hidden_size=1024,
+        num_hidden_layers=28,
+        num_attention_heads=16,
+        num_key_value_heads=8,
+        head_dim=128,
+        intermediate_size=3072,
         hidden_act="silu",
         attention_bias=False,
         rope_theta=1_000_000.0,
         rms_norm_eps=1e-6,
         tie_word_embeddings=True,
-        max_position_embeddings=4096,
+        max_position_embeddings=40960,
         bos_token_id=ENDOFTEXT_ID,
         eos_token_id=IM_END_ID,
         pad_token_id=ENDOFTEXT_ID,
-        dtype="float32",
+        dtype="bfloat16",
     )
+
+
+def tiny_qwen3_config() -> dict:
+    """Qwen3Config keyword arguments of tiny-qwen3: Qwen3-0.6B's config with every size shrunk
+    (the real vocabulary and tokenizer are kept)."""
+    return {
+        **qwen3_0_6b_config(),
+        "hidden_size": 128,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,  # 2 query heads share each K/V head (GQA)
+        "head_dim": 32,
+        "intermediate_size": 384,
+        "max_position_embeddings": 4096,
+        "dtype": "float32",
+    }
 
 
 def tiny_init(name: str, shape: tuple, generator: torch.Generator) -> torch.Tensor:
@@ -271,30 +287,6 @@ def build_tiny_qwen3(dest) -> None:
 
 # ----------------------------------------------------------------------------
 # qwen3-0.6b-random: the real 0.6B shapes, for speed measurements
-
-
-def qwen3_0_6b_config() -> dict:
-    """Qwen3Config keyword arguments of Qwen/Qwen3-0.6B (from its official config.json)."""
-    return dict(
-        architectures=["Qwen3ForCausalLM"],
-        vocab_size=151936,
-        hidden_size=1024,
-        num_hidden_layers=28,
-        num_attention_heads=16,
-        num_key_value_heads=8,
-        head_dim=128,
-        intermediate_size=3072,
-        hidden_act="silu",
-        attention_bias=False,
-        rope_theta=1_000_000.0,
-        rms_norm_eps=1e-6,
-        tie_word_embeddings=True,
-        max_position_embeddings=40960,
-        bos_token_id=ENDOFTEXT_ID,
-        eos_token_id=IM_END_ID,
-        pad_token_id=ENDOFTEXT_ID,
-        dtype="bfloat16",
-    )
 
 
 def _bf16_init(name: str, shape: tuple, generator: torch.Generator) -> torch.Tensor:
