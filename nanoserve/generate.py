@@ -46,10 +46,11 @@ class Request:
 
 @torch.inference_mode()
 def generate(model, prompts: list[list[int]], params: SamplingParams | list[SamplingParams] | None = None,
-             eos_token_ids=(), tokenizer=None, seed: int = 0, on_token=None) -> tuple[list[Completion], ContiguousKVCache]:
+             eos_token_ids=(), tokenizer=None, seed: int = 0, on_token=None, cache=None):
     """Generate for a static batch of prompts (token-id lists). Returns the completions and the cache.
 
-    on_token(index, token_id) is called as each token is sampled (for streaming).
+    on_token(index, token_id) is called as each token is sampled (for streaming). cache is the
+    attention backend (a ContiguousKVCache sized for the batch by default); prompt i uses its row i.
     """
     params = params if params is not None else SamplingParams()
     params = params if isinstance(params, list) else [params] * len(prompts)
@@ -60,7 +61,8 @@ def generate(model, prompts: list[list[int]], params: SamplingParams | list[Samp
                         set(eos_token_ids), tokenizer) for i, (p, sp) in enumerate(zip(prompts, params))]
     device = next(model.parameters()).device
     max_len = max(len(r.prompt_ids) + r.params.max_tokens for r in requests)
-    cache = ContiguousKVCache(model.config, len(requests), max_len, model.lm_head.weight.dtype, device)
+    if cache is None:
+        cache = ContiguousKVCache(model.config, len(requests), max_len, model.lm_head.weight.dtype, device)
     sampler = Sampler()
 
     def step(batch: list[Request], input_ids: list[int], positions: list[int], last_rows: list[int]) -> None:
@@ -73,6 +75,8 @@ def generate(model, prompts: list[list[int]], params: SamplingParams | list[Samp
             r.append(t)
             if on_token is not None:
                 on_token(r.row, t)
+            if r.finish_reason is not None:
+                cache.release(r.row)
 
     cache.set_batch([r.row for r in requests], [0] * len(requests), [len(r.prompt_ids) for r in requests])
     input_ids = [t for r in requests for t in r.prompt_ids]

@@ -45,6 +45,10 @@ class ContiguousKVCache:
     def nbytes(self) -> int:
         return self.k_cache.nbytes + self.v_cache.nbytes
 
+    def release(self, row: int) -> None:
+        """A sequence in this row finished. Its max_len slots stay reserved until the whole batch is
+        done: that idle memory is the price of a contiguous cache (lesson 03 gives it back)."""
+
     def set_batch(self, rows: list[int], starts: list[int], num_new: list[int]) -> None:
         """The next forward carries num_new[i] tokens of the sequence in cache row rows[i], from position starts[i]."""
         for row, start, n in zip(rows, starts, num_new):

@@ -1,0 +1,125 @@
+"""Checks for lesson 03 (paging). Oracles: a plain-Python model of the pool, and lesson 02's contiguous cache."""
+import random
+
+import torch
+
+from nanoserve.checks.lesson01 import TINY_CONFIGS, _close, hf_tiny_model, ours_from_hf
+
+
+def pool_problems(bm) -> list[str]:
+    """Invariants of a BlockManager's state: every block free xor owned once, tables sized to their tokens."""
+    problems = []
+    owned = [b for table in bm.block_tables.values() for b in table]
+    free = list(bm.free_blocks)
+    if sorted(owned + free) != list(range(bm.num_blocks)):
+        problems.append(f"blocks lost, duplicated or both free and owned: owned {sorted(owned)}, free {sorted(free)}")
+    for seq, table in bm.block_tables.items():
+        if len(table) != bm.blocks_for(bm.num_tokens[seq]):
+            problems.append(f"sequence {seq!r} holds {bm.num_tokens[seq]} tokens in {len(table)} blocks")
+    return problems
+
+
+def check_block_manager(manager_cls) -> None:
+    OutOfBlocks = RuntimeError  # the lesson's OutOfBlocks is a RuntimeError (the notebook has its own class)
+    bm = manager_cls(num_blocks=6, block_size=4)
+    table = bm.allocate("a", 5)
+    if len(table) != 2 or bm.num_free != 4:
+        raise AssertionError(f"allocate('a', 5) with block_size 4 should take 2 blocks, took {table}")
+    if bm.append("a", 3) != [] or len(bm.block_tables["a"]) != 2:
+        raise AssertionError("5 + 3 = 8 tokens still fit in 2 blocks of 4: append must not take a block")
+    if len(bm.append("a", 1)) != 1:
+        raise AssertionError("the 9th token needs a 3rd block")
+    bm.allocate("b", 12)
+    for bad, error in [(lambda: bm.append("a", 4), OutOfBlocks), (lambda: bm.allocate("c", 1), OutOfBlocks),
+                       (lambda: bm.allocate("d", 25), ValueError)]:
+        before = (dict(bm.num_tokens), {s: list(t) for s, t in bm.block_tables.items()}, list(bm.free_blocks))
+        try:
+            bad()
+        except error:
+            pass
+        else:
+            raise AssertionError(f"expected {'OutOfBlocks' if error is RuntimeError else error.__name__} when the "
+                                 f"pool is full (ValueError when a request can never fit)")
+        after = (dict(bm.num_tokens), {s: list(t) for s, t in bm.block_tables.items()}, list(bm.free_blocks))
+        if after != before:
+            raise AssertionError("a failed allocate/append changed the pool: check before taking any block")
+    bm.free("a")
+    try:
+        bm.free("a")
+        raise AssertionError("freeing twice must raise")
+    except KeyError:
+        pass
+    # A random workload against the invariants.
+    rng = random.Random(0)
+    bm = manager_cls(num_blocks=40, block_size=3)
+    live = {}
+    for step in range(600):
+        if live and rng.random() < 0.3:
+            seq = rng.choice(sorted(live))
+            bm.free(seq)
+            del live[seq]
+        elif live and rng.random() < 0.6:
+            seq = rng.choice(sorted(live))
+            n = rng.randint(1, 5)
+            if bm.can_append(seq, n):
+                bm.append(seq, n)
+                live[seq] += n
+        else:
+            n = rng.randint(1, 20)
+            if bm.can_allocate(n):
+                bm.allocate(step, n)
+                live[step] = n
+        if bm.num_tokens != live or pool_problems(bm):
+            raise AssertionError(f"after {step + 1} random operations: {pool_problems(bm) or 'token counts wrong'}")
+    print("✓ BlockManager: allocation, growth, freeing, errors without corruption, 600 random operations")
+
+
+def check_slot_mapping(manager_cls) -> None:
+    bm = manager_cls(num_blocks=10, block_size=4)
+    bm.allocate("x", 3)
+    bm.allocate("y", 9)
+    bm.append("x", 6)  # x: 9 tokens over blocks [0, 5, 6]
+    for seq in ("x", "y"):
+        table = bm.block_tables[seq]
+        want = [table[p // 4] * 4 + p % 4 for p in range(bm.num_tokens[seq])]
+        got = bm.slots(seq, 0, bm.num_tokens[seq])
+        if got != want:
+            raise AssertionError(f"slots of {seq!r} with block table {table}: got {got}, want {want}")
+    everything = bm.slots("x", 0, 9) + bm.slots("y", 0, 9)
+    if len(set(everything)) != len(everything):
+        raise AssertionError("two tokens share a slot")
+    print("✓ slot mapping: block_table[p // block_size] * block_size + p % block_size, no slot shared")
+
+
+def check_gather_kv(gather_kv) -> None:
+    gen = torch.Generator().manual_seed(13)
+    for block_size, length in [(4, 1), (4, 4), (4, 9), (16, 33)]:
+        cache = torch.randn(12, block_size, 2, 8, generator=gen)
+        table = torch.randperm(12, generator=gen)[: -(-length // block_size)].to(torch.int32)
+        padded = torch.cat([table, torch.full((3,), -1, dtype=torch.int32)])  # tables are padded with -1
+        want = torch.cat([cache[b] for b in table.tolist()])[:length]
+        _close(f"gather_kv(block_size={block_size}, length={length})", gather_kv(cache, padded, length), want, 0,
+               "Index the cache with the table's first ceil(length / block_size) ids, flatten, cut to length.")
+    print("✓ gather_kv reads a sequence's tokens back in order through its block table")
+
+
+def check_paged_generate(cache_cls) -> None:
+    from nanoserve.generate import generate
+    from nanoserve.model import Qwen3ForCausalLM
+    from nanoserve.sampling_params import SamplingParams
+
+    block_size = 4
+    # Prompt lengths just under, on and over block boundaries; outputs that cross several.
+    prompts = [[7] * 3, [8, 9, 10, 11], [12] * 5, list(range(20, 28)), [3]]
+    max_tokens = [6, 4, 11, 1, 9]
+    for name in ["qwen3 group=2 head_dim=128", "llama group=2 head_dim=64"]:
+        model = ours_from_hf(Qwen3ForCausalLM, hf_tiny_model(**TINY_CONFIGS[name], seed=14, tie=False))
+        params = [SamplingParams(temperature=0, max_tokens=m) for m in max_tokens]
+        want = [c.token_ids for c in generate(model, prompts, params)[0]]
+        cache = cache_cls(model.config, num_blocks=32, block_size=block_size)
+        got = [c.token_ids for c in generate(model, prompts, params, cache=cache)[0]]
+        if got != want:
+            raise AssertionError(f"{name}: paged {got} != contiguous {want}")
+        if cache.blocks.num_free != 32 or cache.blocks.block_tables:
+            raise AssertionError(f"{name}: blocks not all returned: {cache.blocks.num_free} of 32 free")
+    print("✓ paged cache: greedy tokens identical to the contiguous cache; every block returned")

@@ -1,0 +1,215 @@
+"""Triton paged-attention kernels against their plain-torch references.
+
+On a machine without a CUDA GPU the kernels run in Triton's interpreter (numpy on the CPU) in fp32
+and fp16 (the interpreter is wrong for bf16). With a GPU they run compiled, in bf16 too, on bigger
+shapes. Cases are random but seeded: each test id names its seed, so a failure can be replayed.
+"""
+import importlib
+import os
+import random
+
+import pytest
+import torch
+
+ON_GPU = torch.cuda.is_available()
+if not ON_GPU:
+    # Must be set before the kernels are *defined*: @triton.jit reads it when it decorates.
+    os.environ["TRITON_INTERPRET"] = "1"
+pytest.importorskip("triton")
+from triton.runtime.interpreter import InterpretedFunction  # noqa: E402
+
+from nanoserve import triton_attention as ta  # noqa: E402
+
+if not ON_GPU and not isinstance(ta._decode_kernel, InterpretedFunction):
+    # Another test module imported the kernels before the variable was set: define them again.
+    ta = importlib.reload(ta)
+assert ON_GPU or isinstance(ta._decode_kernel, InterpretedFunction), "the interpreter must run on CPU"
+
+DEVICE = "cuda" if ON_GPU else "cpu"
+DTYPES = [torch.float32, torch.float16] + ([torch.bfloat16] if ON_GPU else [])
+ATOL = {torch.float32: 1e-4, torch.float16: 2e-3, torch.bfloat16: 2e-2}
+# Sizes: the interpreter runs each program in Python, so CPU cases stay small.
+MAX_BATCH = 64 if ON_GPU else 3
+MAX_LEN = 4096 if ON_GPU else 2000
+KV_HEADS = 8 if ON_GPU else 2
+
+
+def assert_close(out, ref):
+    assert out.dtype == ref.dtype and out.shape == ref.shape
+    torch.testing.assert_close(out.float(), ref.float(), atol=ATOL[out.dtype], rtol=ATOL[out.dtype])
+
+
+def make_cache(lengths, kv_heads, head_dim, block_size, dtype, gen):
+    """Random K/V in a paged cache holding the sequences `lengths`, in shuffled blocks.
+
+    Returns k_cache, v_cache, block_tables (padded with -1, one spare column), context_lens.
+    """
+    pages = [(n + block_size - 1) // block_size for n in lengths]
+    num_blocks = sum(pages) + 3  # a few blocks no sequence owns
+    ids = torch.randperm(num_blocks, generator=gen)
+    tables = torch.full((len(lengths), max(pages) + 1), -1, dtype=torch.int32)
+    used = 0
+    for b, p in enumerate(pages):
+        tables[b, :p] = ids[used:used + p]
+        used += p
+    shape = (num_blocks, block_size, kv_heads, head_dim)
+    k_cache = torch.randn(shape, generator=gen).to(DEVICE, dtype)
+    v_cache = torch.randn(shape, generator=gen).to(DEVICE, dtype)
+    return k_cache, v_cache, tables.to(DEVICE), torch.tensor(lengths, dtype=torch.int32, device=DEVICE)
+
+
+def random_lengths(rng, batch, block_size, lo=1, hi=MAX_LEN):
+    """Lengths in [lo, hi], a third of them exactly on a block boundary or one past it."""
+    out = []
+    for _ in range(batch):
+        n = rng.randint(lo, hi)
+        kind = rng.random()
+        if kind < 0.2:
+            n = max(lo, n // block_size * block_size)  # ends exactly at a block's end
+        elif kind < 0.33:
+            n = min(hi, n // block_size * block_size + 1)  # one token into a fresh block
+        out.append(n)
+    return out
+
+
+# One case per (group, head_dim), dtypes and block sizes cycling through the rest.
+CASES = [(group, head_dim, DTYPES[i % len(DTYPES)], (16, 8, 32)[i % 3], seed)
+         for seed, (i, (group, head_dim)) in enumerate(
+             enumerate([(g, d) for g in (1, 2, 3, 4, 8) for d in (64, 128)]))]
+CASE_IDS = [f"group{g}-d{d}-{str(dt)[6:]}-bs{bs}-seed{s}" for g, d, dt, bs, s in CASES]
+
+
+# ---------------------------------------------------------------------------------- store_kv
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("block_size", [8, 16, 32])
+@pytest.mark.parametrize("slot_dtype", [torch.int32, torch.int64])
+def test_store_kv(dtype, block_size, slot_dtype):
+    gen = torch.Generator().manual_seed(block_size)
+    T, kv_heads, head_dim, num_blocks = 37, 2, 64, 6
+    k_cache = torch.randn(num_blocks, block_size, kv_heads, head_dim, generator=gen).to(DEVICE, dtype)
+    v_cache = torch.randn(num_blocks, block_size, kv_heads, head_dim, generator=gen).to(DEVICE, dtype)
+    slots = torch.randperm(num_blocks * block_size, generator=gen)[:T]
+    slots[::5] = -1  # padding tokens: must leave the cache alone
+    # k, v as the halves of a fused projection: each token's row is contiguous, rows are strided
+    kv = torch.randn(T, 2 * kv_heads * head_dim + 8, generator=gen).to(DEVICE, dtype)
+    k = kv[:, :kv_heads * head_dim].view(T, kv_heads, head_dim)
+    v = kv[:, kv_heads * head_dim:2 * kv_heads * head_dim].view(T, kv_heads, head_dim)
+    expect_k, expect_v = k_cache.clone(), v_cache.clone()
+    ta.store_kv_reference(expect_k, expect_v, slots.to(DEVICE, slot_dtype), k, v)
+    ta.store_kv(k_cache, v_cache, slots.to(DEVICE, slot_dtype), k, v)
+    assert torch.equal(k_cache, expect_k) and torch.equal(v_cache, expect_v)
+    assert not torch.equal(expect_k, expect_k.new_zeros(expect_k.shape))  # the test wrote something
+
+
+def test_store_kv_transposed_input():
+    gen = torch.Generator().manual_seed(1)
+    k_cache = torch.zeros(4, 16, 2, 64, device=DEVICE)
+    v_cache = torch.zeros(4, 16, 2, 64, device=DEVICE)
+    k = torch.randn(64, 2, 5, generator=gen).to(DEVICE).transpose(0, 2)  # [5, 2, 64], not row-major
+    v = torch.randn(5, 2, 64, generator=gen).to(DEVICE)
+    slots = torch.tensor([63, 0, -1, 17, 40], device=DEVICE)
+    ta.store_kv(k_cache, v_cache, slots, k, v)
+    assert torch.equal(k_cache.view(-1, 2, 64)[slots[[0, 1, 3, 4]]], k[[0, 1, 3, 4]])
+    assert k_cache.view(-1, 2, 64)[1:17].abs().sum() == 0  # nothing else written
+
+
+# ---------------------------------------------------------------------------------- decode
+
+@pytest.mark.parametrize("group, head_dim, dtype, block_size, seed", CASES, ids=CASE_IDS)
+def test_decode_random(group, head_dim, dtype, block_size, seed):
+    rng, gen = random.Random(seed), torch.Generator().manual_seed(seed)
+    batch = rng.randint(1, MAX_BATCH)
+    lengths = random_lengths(rng, batch, block_size)
+    k_cache, v_cache, tables, lens = make_cache(lengths, KV_HEADS, head_dim, block_size, dtype, gen)
+    q = torch.randn(batch, KV_HEADS * group, head_dim, generator=gen).to(DEVICE, dtype)
+    assert_close(ta.paged_decode_attention(q, k_cache, v_cache, tables, lens),
+                 ta.paged_decode_attention_reference(q, k_cache, v_cache, tables, lens))
+
+
+def test_decode_edge_lengths():
+    # 1 token, exactly one block, one past, many blocks ending on a boundary; splits forced on
+    gen = torch.Generator().manual_seed(0)
+    lengths = [1, 16, 17, 15, 64, 65, 128, 1024]
+    k_cache, v_cache, tables, lens = make_cache(lengths, 2, 64, 16, torch.float32, gen)
+    q = torch.randn(len(lengths), 4, 64, generator=gen).to(DEVICE)
+    ref = ta.paged_decode_attention_reference(q, k_cache, v_cache, tables, lens)
+    for splits in (1, 2, 5, 16):  # 16 splits: most are empty for most sequences
+        assert_close(ta.paged_decode_attention(q, k_cache, v_cache, tables, lens, num_splits=splits), ref)
+
+
+@pytest.mark.parametrize("use_dot", [True, False])
+@pytest.mark.parametrize("block_n", [16, 64])
+def test_decode_variants(use_dot, block_n):
+    gen = torch.Generator().manual_seed(block_n)
+    lengths = [700, 3, 320]
+    k_cache, v_cache, tables, lens = make_cache(lengths, 2, 128, 16, torch.float16, gen)
+    q = torch.randn(3, 6, 128, generator=gen).to(DEVICE, torch.float16)
+    ref = ta.paged_decode_attention_reference(q, k_cache, v_cache, tables, lens)
+    out = ta.paged_decode_attention(q, k_cache, v_cache, tables, lens, use_dot=use_dot, block_n=block_n,
+                                    max_context_len=700, num_splits=3)
+    assert_close(out, ref)
+
+
+def test_decode_strided_q_and_scale():
+    gen = torch.Generator().manual_seed(3)
+    k_cache, v_cache, tables, lens = make_cache([40, 90], 2, 64, 16, torch.float32, gen)
+    q = torch.randn(2, 64, 4, generator=gen).to(DEVICE).transpose(1, 2)  # [2, 4, 64], last dim strided
+    assert_close(ta.paged_decode_attention(q, k_cache, v_cache, tables, lens, scale=0.3),
+                 ta.paged_decode_attention_reference(q, k_cache, v_cache, tables, lens, scale=0.3))
+    qkv = torch.randn(2, 7 * 64, generator=gen).to(DEVICE)  # q as a slice of a fused projection
+    q = qkv[:, :4 * 64].view(2, 4, 64)
+    assert_close(ta.paged_decode_attention(q, k_cache, v_cache, tables, lens),
+                 ta.paged_decode_attention_reference(q, k_cache, v_cache, tables, lens))
+
+
+# ---------------------------------------------------------------------------------- prefill
+
+def make_prefill(rng, gen, batch, group, head_dim, block_size, dtype, max_new, max_len):
+    """Random new-token counts and cached prefixes (none, on a block boundary, or anywhere)."""
+    news, lengths = [], []
+    for _ in range(batch):
+        n = rng.randint(1, max_new)
+        prefix = rng.choice([0, rng.randint(0, max_len - n) // block_size * block_size, rng.randint(0, max_len - n)])
+        news.append(n)
+        lengths.append(prefix + n)
+    k_cache, v_cache, tables, lens = make_cache(lengths, KV_HEADS, head_dim, block_size, dtype, gen)
+    q = torch.randn(sum(news), KV_HEADS * group, head_dim, generator=gen).to(DEVICE, dtype)
+    cu = torch.tensor([0] + news, dtype=torch.int32).cumsum(0).to(DEVICE, torch.int32)
+    return q, k_cache, v_cache, cu, lens, tables
+
+
+@pytest.mark.parametrize("group, head_dim, dtype, block_size, seed", CASES, ids=CASE_IDS)
+def test_prefill_random(group, head_dim, dtype, block_size, seed):
+    rng, gen = random.Random(seed), torch.Generator().manual_seed(seed)
+    batch = rng.randint(1, 8 if ON_GPU else 3)
+    max_new = 1024 if ON_GPU else 150
+    q, k_cache, v_cache, cu, lens, tables = make_prefill(rng, gen, batch, group, head_dim, block_size, dtype,
+                                                         max_new, MAX_LEN)
+    assert_close(ta.paged_prefill_attention(q, k_cache, v_cache, cu, lens, tables),
+                 ta.paged_prefill_attention_reference(q, k_cache, v_cache, cu, lens, tables))
+
+
+def test_prefill_edge_cases():
+    # no prefix; one new token (a decode through prefill); new tokens filling exactly one q tile
+    # (128) and one past it; a prefix ending on a block boundary and one ending mid-block
+    gen = torch.Generator().manual_seed(0)
+    news = [5, 1, 128, 129, 20, 7]
+    lengths = [5, 40, 128, 129 + 16, 20 + 64, 7 + 33]
+    k_cache, v_cache, tables, lens = make_cache(lengths, 2, 64, 16, torch.float32, gen)
+    q = torch.randn(sum(news), 4, 64, generator=gen).to(DEVICE)
+    cu = torch.tensor([0] + news).cumsum(0).to(DEVICE, torch.int32)
+    ref = ta.paged_prefill_attention_reference(q, k_cache, v_cache, cu, lens, tables)
+    assert_close(ta.paged_prefill_attention(q, k_cache, v_cache, cu, lens, tables), ref)
+    assert_close(ta.paged_prefill_attention(q, k_cache, v_cache, cu, lens, tables, block_m=16, block_n=32), ref)
+    # the first query of a fresh sequence sees only itself: its output is its own value
+    assert torch.allclose(ref[0], v_cache[tables[0, 0], 0].repeat_interleave(2, dim=0))
+
+
+def test_prefill_strided_q_and_scale():
+    gen = torch.Generator().manual_seed(5)
+    k_cache, v_cache, tables, lens = make_cache([30, 50], 2, 64, 16, torch.float32, gen)
+    cu = torch.tensor([0, 10, 35], dtype=torch.int32, device=DEVICE)
+    q = torch.randn(35, 64, 4, generator=gen).to(DEVICE).transpose(1, 2)
+    assert_close(ta.paged_prefill_attention(q, k_cache, v_cache, cu, lens, tables, scale=0.2),
+                 ta.paged_prefill_attention_reference(q, k_cache, v_cache, cu, lens, tables, scale=0.2))
