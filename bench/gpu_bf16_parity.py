@@ -15,6 +15,7 @@ from nanoserve.attention import NoCache
 from nanoserve.generate import generate
 from nanoserve.loader import load_model
 from nanoserve.naive import naive_generate
+from nanoserve.paged_cache import PagedKVCache
 from nanoserve.sampling_params import SamplingParams
 from nanoserve.zoo import resolve_model
 
@@ -56,7 +57,17 @@ def main():
     result["greedy_common_prefix"] = {"naive_vs_cached": agree(naive, cached), "cached_vs_transformers": agree(cached, hf_out),
                                       "of": steps}
 
-    # Eager decode speed of lesson 02's static batch, for the record (lesson 06 adds CUDA graphs).
+    # Lesson 03: the same greedy tokens through the paged cache and the Triton kernels, for a batch of
+    # prompts whose lengths sit on and around block boundaries.
+    prompts = [torch.randint(0, 10000, (n,), generator=gen).tolist() for n in (15, 16, 17, 64, 100)]
+    sp = SamplingParams(temperature=0, max_tokens=steps, ignore_eos=True)
+    contiguous = [c.token_ids for c in generate(ours, prompts, sp)[0]]
+    paged_cache = PagedKVCache(ours.config, num_blocks=256, block_size=16, dtype=torch.bfloat16, device="cuda")
+    paged = [c.token_ids for c in generate(ours, prompts, sp, cache=paged_cache)[0]]
+    result["paged_triton_vs_contiguous_common_prefix"] = [agree(a, b) for a, b in zip(paged, contiguous)]
+    result["paged_blocks_returned"] = paged_cache.blocks.num_free == 256
+
+    # Eager decode speed of lessons 02 and 03's static batch, for the record (lesson 06 adds CUDA graphs).
     for batch in (1, 16):
         prompts = [torch.randint(0, 10000, (128,), generator=gen).tolist() for _ in range(batch)]
         sp = SamplingParams(temperature=0, max_tokens=128, ignore_eos=True)
@@ -67,6 +78,13 @@ def main():
         torch.cuda.synchronize()
         seconds = time.perf_counter() - t0
         result[f"eager_static_batch{batch}_tok_per_s"] = sum(len(c.token_ids) for c in completions) / seconds
+        cache = PagedKVCache(ours.config, num_blocks=2048, block_size=16, dtype=torch.bfloat16, device="cuda")
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        completions, _ = generate(ours, prompts, sp, cache=cache)
+        torch.cuda.synchronize()
+        seconds = time.perf_counter() - t0
+        result[f"eager_paged_batch{batch}_tok_per_s"] = sum(len(c.token_ids) for c in completions) / seconds
     print(json.dumps(result, indent=1))
     if args.out:
         with open(args.out, "w") as f:

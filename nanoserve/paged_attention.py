@@ -17,8 +17,8 @@ def store_kv(k_cache, v_cache, slot_mapping, k, v) -> None:
     """Write token i's k[i], v[i] into slot slot_mapping[i]; a negative slot means skip (padding)."""
     keep = slot_mapping >= 0
     slots = slot_mapping[keep]
-    k_cache.view(-1, *k_cache.shape[2:])[slots] = k[keep]  # the pool seen as one array of slots
-    v_cache.view(-1, *v_cache.shape[2:])[slots] = v[keep]
+    k_cache.view(-1, *k_cache.shape[2:])[slots.long()] = k[keep]  # the pool seen as one array of slots
+    v_cache.view(-1, *v_cache.shape[2:])[slots.long()] = v[keep]
 
 
 def gather_kv(cache: torch.Tensor, block_table: torch.Tensor, length: int) -> torch.Tensor:
@@ -28,25 +28,29 @@ def gather_kv(cache: torch.Tensor, block_table: torch.Tensor, length: int) -> to
     return cache[blocks].flatten(0, 1)[:length]
 
 
-def paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale=None):
+def _rescaled(q, scale):
+    """Our attention functions scale by 1/sqrt(head_dim); another scale equals rescaling q (in float32)."""
+    return q if scale is None else q.float() * (scale * q.shape[-1] ** 0.5)
+
+
+def paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale=None, max_context_len=None):
     """One new token per sequence: q [B, heads, head_dim] -> [B, heads, head_dim]."""
-    assert scale is None or scale == q.shape[-1] ** -0.5, "the torch path uses 1/sqrt(head_dim)"
-    longest = int(context_lens.max())
+    longest = max_context_len or int(context_lens.max())
     k = torch.stack([gather_kv(k_cache, t, longest) for t in block_tables])  # padded to the longest
     v = torch.stack([gather_kv(v_cache, t, longest) for t in block_tables])
-    return decode_attention(q, k, v, context_lens)  # lesson 02 masks each row at its own length
+    return decode_attention(_rescaled(q, scale), k, v, context_lens).to(q.dtype)  # lesson 02 masks each row
 
 
-def paged_prefill_attention(q, k_cache, v_cache, cu_seqlens_q, context_lens, block_tables, scale=None):
+def paged_prefill_attention(q, k_cache, v_cache, cu_seqlens_q, context_lens, block_tables, scale=None,
+                            max_query_len=None):
     """New tokens of several sequences, flat: q [T, heads, head_dim] -> [T, heads, head_dim].
 
     Sequence b's new tokens are rows cu_seqlens_q[b]:cu_seqlens_q[b+1]; they are the last tokens of its
     context_lens[b], so any cached prefix before them is attended to as well.
     """
-    assert scale is None or scale == q.shape[-1] ** -0.5, "the torch path uses 1/sqrt(head_dim)"
-    out = []
+    q_scaled, out = _rescaled(q, scale), []
     for b, length in enumerate(context_lens.tolist()):
         start, end = int(cu_seqlens_q[b]), int(cu_seqlens_q[b + 1])
         k, v = gather_kv(k_cache, block_tables[b], length), gather_kv(v_cache, block_tables[b], length)
-        out.append(causal_attention(q[start:end], k, v))  # lesson 01: keys may outnumber queries
-    return torch.cat(out)
+        out.append(causal_attention(q_scaled[start:end], k, v))  # lesson 01: keys may outnumber queries
+    return torch.cat(out).to(q.dtype)

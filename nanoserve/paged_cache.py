@@ -48,6 +48,9 @@ class PagedKVCache:
         self.context_lens = as_tensor([start + n for start, n in zip(starts, num_new)])
         self.cu_seqlens_q = as_tensor(list(accumulate(num_new, initial=0)))  # where each sequence starts in q
         self.is_decode = all(n == 1 for n in num_new)
+        # known here as Python ints; passing them saves the kernels a GPU->CPU sync in every layer
+        self.max_context_len = max(start + n for start, n in zip(starts, num_new))
+        self.max_query_len = max(num_new)
         self.tokens_per_forward.append(sum(num_new))
 
     def release(self, row) -> None:
@@ -57,6 +60,7 @@ class PagedKVCache:
         k_cache, v_cache = self.k_cache[layer_idx], self.v_cache[layer_idx]
         self.ops.store_kv(k_cache, v_cache, self.slot_mapping, k, v)
         if self.is_decode:
-            return self.ops.paged_decode_attention(q, k_cache, v_cache, self.block_tables, self.context_lens)
+            return self.ops.paged_decode_attention(q, k_cache, v_cache, self.block_tables, self.context_lens,
+                                                   max_context_len=self.max_context_len)
         return self.ops.paged_prefill_attention(q, k_cache, v_cache, self.cu_seqlens_q, self.context_lens,
-                                                self.block_tables)
+                                                self.block_tables, max_query_len=self.max_query_len)

@@ -148,3 +148,28 @@ def test_torch_paged_attention_skips_negative_slots():
     k = torch.ones(3, 1, 2)
     paged_attention.store_kv(k_cache, v_cache, torch.tensor([5, -1, 0]), k, 2 * k)
     assert k_cache.flatten().nonzero().numel() == 4 and v_cache.view(-1, 1, 2)[5].eq(2).all()
+
+
+STUB_34 = """
+import json, os
+os.environ["TRITON_INTERPRET"] = "1"  # before any kernel is defined
+from nanoserve.checks import lesson03 as checks
+nb = json.load(open("lessons/03_paged_attention.ipynb"))
+ns = {"__name__": "lesson03"}
+for cell in nb["cells"]:
+    source = "".join(cell["source"])
+    if cell["cell_type"] == "code" and source.split("\\n")[0] == "#| export triton_attention":
+        exec(compile(source, "lesson03", "exec"), ns)
+checks.check_triton_decode(ns["paged_decode_attention"])
+"""
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the stub does not compile; the interpreter runs it")
+def test_untouched_triton_stub_fails_its_check():
+    # In a fresh process: Triton's interpreter must be switched on before triton is first imported.
+    import subprocess
+    import sys
+
+    result = subprocess.run([sys.executable, "-c", STUB_34], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert result.returncode != 0
+    assert "NotImplementedError('Exercise 3.4" in result.stderr, result.stderr[-2000:]
