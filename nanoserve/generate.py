@@ -78,13 +78,17 @@ def generate(model, prompts: list[list[int]], params: SamplingParams | list[Samp
             if r.finish_reason is not None:
                 cache.release(r.row)
 
-    cache.set_batch([r.row for r in requests], [0] * len(requests), [len(r.prompt_ids) for r in requests])
-    input_ids = [t for r in requests for t in r.prompt_ids]
-    positions = [p for r in requests for p in range(len(r.prompt_ids))]
-    last_rows = (torch.tensor([len(r.prompt_ids) for r in requests]).cumsum(0) - 1).tolist()
+    # Tokens of each prompt whose K/V the cache already holds: always 0 here (lesson 04 shares prefixes).
+    cached = [cache.reserve(r.row, r.prompt_ids) for r in requests]
+    new = [r.prompt_ids[c:] for r, c in zip(requests, cached)]
+    cache.set_batch([r.row for r in requests], cached, [len(t) for t in new], new)
+    input_ids = [t for tokens in new for t in tokens]
+    positions = [p for r, c in zip(requests, cached) for p in range(c, len(r.prompt_ids))]
+    last_rows = (torch.tensor([len(t) for t in new]).cumsum(0) - 1).tolist()
     step(requests, input_ids, positions, last_rows)
     while running := [r for r in requests if r.finish_reason is None]:
         positions = [len(r.prompt_ids) + len(r.output_ids) - 1 for r in running]
-        cache.set_batch([r.row for r in running], positions, [1] * len(running))
-        step(running, [r.output_ids[-1] for r in running], positions, list(range(len(running))))
+        last = [r.output_ids[-1] for r in running]
+        cache.set_batch([r.row for r in running], positions, [1] * len(running), [[t] for t in last])
+        step(running, last, positions, list(range(len(running))))
     return [r.completion() for r in requests], cache

@@ -49,8 +49,16 @@ class ContiguousKVCache:
         """A sequence in this row finished. Its max_len slots stay reserved until the whole batch is
         done: that idle memory is the price of a contiguous cache (lesson 03 gives it back)."""
 
-    def set_batch(self, rows: list[int], starts: list[int], num_new: list[int]) -> None:
-        """The next forward carries num_new[i] tokens of the sequence in cache row rows[i], from position starts[i]."""
+    def reserve(self, row: int, prompt_ids: list[int]) -> int:
+        """Make room for a new sequence's prompt in `row`; returns how many of its tokens are already
+        cached. A contiguous row is reserved up front and starts empty: always 0 (lesson 04 returns more)."""
+        if len(prompt_ids) > self.max_len:
+            raise ValueError(f"a prompt of {len(prompt_ids)} tokens does not fit in rows of {self.max_len}")
+        return 0
+
+    def set_batch(self, rows: list[int], starts: list[int], num_new: list[int], token_ids=None) -> None:
+        """The next forward carries num_new[i] tokens of the sequence in cache row rows[i], from position
+        starts[i] (token_ids[i] are those tokens: a contiguous cache has no use for them)."""
         for row, start, n in zip(rows, starts, num_new):
             if not 0 <= row < self.max_seqs:
                 raise ValueError(f"cache row {row} does not exist (max_seqs={self.max_seqs})")

@@ -32,13 +32,20 @@ class PagedKVCache:
     def nbytes(self) -> int:
         return self.k_cache.nbytes + self.v_cache.nbytes
 
-    def set_batch(self, rows: list, starts: list[int], num_new: list[int]) -> None:
-        """The next forward carries num_new[i] tokens of sequence rows[i], from position starts[i]."""
-        for seq, start, n in zip(rows, starts, num_new):
+    def reserve(self, row, prompt_ids: list[int]) -> int:
+        """Blocks for a new sequence's prompt; returns how many tokens are already cached (0: lesson 04 adds sharing)."""
+        self.blocks.allocate(row, len(prompt_ids))
+        return 0
+
+    def set_batch(self, rows: list, starts: list[int], num_new: list[int], token_ids=None) -> None:
+        """The next forward carries num_new[i] tokens of sequence rows[i] (token_ids[i], if given), from
+        position starts[i]. Sequences not reserved yet get blocks now; growing ones get more."""
+        token_ids = token_ids or [None] * len(rows)
+        for seq, start, n, tokens in zip(rows, starts, num_new, token_ids):
             if seq not in self.blocks.block_tables:
                 self.blocks.allocate(seq, start + n)
             elif start + n > self.blocks.num_tokens[seq]:
-                self.blocks.append(seq, start + n - self.blocks.num_tokens[seq])
+                self._grow(seq, start + n - self.blocks.num_tokens[seq], tokens)
         slots = [s for seq, start, n in zip(rows, starts, num_new) for s in self.blocks.slots(seq, start, start + n)]
         tables = [self.blocks.block_tables[seq] for seq in rows]
         width = max(map(len, tables))
@@ -52,6 +59,9 @@ class PagedKVCache:
         self.max_context_len = max(start + n for start, n in zip(starts, num_new))
         self.max_query_len = max(num_new)
         self.tokens_per_forward.append(sum(num_new))
+
+    def _grow(self, seq, n: int, tokens) -> None:
+        self.blocks.append(seq, n)
 
     def release(self, row) -> None:
         self.blocks.free(row)  # its blocks can serve another sequence right away

@@ -1,0 +1,174 @@
+"""Checks for lesson 04 (prefix caching). Oracles: the plain hash chain, pool invariants, and the
+paged cache without prefix caching (lesson 03)."""
+import random
+from collections import Counter
+
+from nanoserve.checks.lesson01 import TINY_CONFIGS, hf_tiny_model, ours_from_hf
+
+
+def check_prefix_hashes(prefix_hashes) -> None:
+    from nanoserve.prefix_cache import block_hash
+
+    rng = random.Random(17)
+    for n, size in [(0, 4), (3, 4), (4, 4), (11, 4), (64, 16)]:
+        tokens = [rng.randrange(1000) for _ in range(n)]
+        want, parent = [], None
+        for i in range(n // size):
+            parent = block_hash(parent, tokens[i * size:(i + 1) * size])
+            want.append(parent)
+        got = prefix_hashes(tokens, size)
+        if list(got) != want:
+            raise AssertionError(f"prefix_hashes of {n} tokens, block_size {size}: {len(got)} hashes, want {len(want)} "
+                                 f"(one per FULL block, each chained on the previous hash)")
+    a, b = [1, 2, 3, 4, 5, 6, 7, 8], [9, 2, 3, 4, 5, 6, 7, 8]
+    if prefix_hashes(a, 4)[1] == prefix_hashes(b, 4)[1]:
+        raise AssertionError("block 1 has the same hash after a different block 0: chain each hash on its parent")
+    print("✓ prefix_hashes: one chained hash per full block")
+
+
+def pool_problems(bm) -> list[str]:
+    """Invariants of a PrefixCachingBlockManager."""
+    problems = []
+    holders = Counter(b for table in bm.block_tables.values() for b in table)
+    free = list(bm.free_blocks) + list(bm.evictable)
+    if len(set(free)) != len(free):
+        problems.append("a block is free twice")
+    for b in range(bm.num_blocks):
+        if bm.ref_count[b] != holders[b]:
+            problems.append(f"block {b}: ref_count {bm.ref_count[b]} but {holders[b]} block tables hold it")
+        if (b in free) == (holders[b] > 0):
+            problems.append(f"block {b} is {'both free and used' if holders[b] else 'neither free nor used'}")
+    for h, b in bm.cached.items():
+        if bm.hash_of[b] != h:
+            problems.append(f"cached hash {h} points to block {b}, whose hash is {bm.hash_of[b]}")
+    for b in range(bm.num_blocks):
+        if bm.hash_of[b] is not None and bm.tokens_of[b] is None:
+            problems.append(f"block {b} has a hash but no tokens")
+    return problems
+
+
+def check_prefix_manager(manager_cls) -> None:
+    from nanoserve.prefix_cache import block_hash
+
+    prompt = list(range(100, 110))  # 10 tokens: blocks of 4 -> [4 full][4 full][2]
+    bm = manager_cls(num_blocks=10, block_size=4)
+    checks = [("a new prompt", "a", prompt, 0), ("an exact duplicate", "b", prompt, 8),
+              ("the first 8 tokens (its last token is recomputed)", "c", prompt[:8], 4),
+              ("a different prompt", "d", [7] * 10, 0)]
+    for what, seq, tokens, cached in checks:
+        got = bm.allocate(seq, tokens)
+        if got != cached:
+            raise AssertionError(f"allocate for {what} reported {got} cached tokens, want {cached}")
+        if pool_problems(bm):
+            raise AssertionError(f"after allocating {what}: {pool_problems(bm)}")
+    if bm.block_tables["a"][:2] != bm.block_tables["b"][:2] or bm.ref_count[bm.block_tables["a"][0]] != 3:
+        raise AssertionError("a duplicate must share the first blocks, and each shared block counts its holders")
+    for seq in "abcd":
+        bm.free(seq)
+        if pool_problems(bm):
+            raise AssertionError(f"after freeing {seq!r}: {pool_problems(bm)}")
+    if bm.num_free != 10:
+        raise AssertionError(f"{bm.num_free} of 10 blocks free after every sequence finished")
+    if bm.allocate("e", prompt) != 8:
+        raise AssertionError("a finished sequence's blocks stay cached until their space is needed")
+    bm.free("e")
+    # A forged cache entry (a hash collision) must not be trusted: the tokens are compared.
+    other = list(range(500, 510))
+    bm.cached[block_hash(None, other[:4])] = bm.cached[block_hash(None, prompt[:4])]
+    if bm.allocate("f", other) != 0:
+        raise AssertionError("a block was shared on a hash match whose tokens differ (compare tokens_of)")
+    bm.free("f")
+    # LRU: when no never-used block is left, the least recently freed cached block goes first.
+    bm = manager_cls(num_blocks=5, block_size=2)
+    for seq, tokens in [("x", [1, 2, 3]), ("y", [4, 5, 6])]:  # each: one full (cached) block + one partial
+        bm.allocate(seq, tokens)
+    bm.free("x")
+    bm.free("y")  # evictable now: x's full block, then y's
+    bm.allocate("z", list(range(7, 15)))  # 4 blocks: the 3 uncached free ones, then one eviction
+    if block_hash(None, [1, 2]) in bm.cached or block_hash(None, [4, 5]) not in bm.cached:
+        raise AssertionError("eviction must take the least recently freed cached block (x's) first")
+    # A random workload with heavy overlap, against the invariants.
+    rng = random.Random(1)
+    bm = manager_cls(num_blocks=30, block_size=3)
+    stems = [[rng.randrange(50) for _ in range(12)] for _ in range(3)]
+    live = {}
+    for step in range(500):
+        if live and rng.random() < 0.35:
+            seq = rng.choice(sorted(live))
+            bm.free(seq)
+            del live[seq]
+        elif live and rng.random() < 0.5:
+            seq = rng.choice(sorted(live))
+            new = [rng.randrange(50) for _ in range(rng.randint(1, 4))]
+            if bm.can_append(seq, len(new)):
+                bm.append(seq, len(new), new)
+                live[seq] += new
+        else:
+            tokens = rng.choice(stems)[: rng.randint(1, 12)] + [rng.randrange(50) for _ in range(rng.randint(0, 5))]
+            if bm.can_allocate(len(tokens)):
+                bm.allocate(step, tokens)
+                live[step] = tokens
+        if pool_problems(bm):
+            raise AssertionError(f"after {step + 1} random operations: {pool_problems(bm)[:3]}")
+    for seq in list(live):
+        bm.free(seq)
+    if bm.num_free != 30:
+        raise AssertionError("blocks leaked after all sequences finished")
+    print("✓ prefix-caching manager: sharing, reference counts, collision guard, LRU eviction, 500 random operations")
+
+
+def check_prefix_generate(cache_cls) -> None:
+    from nanoserve.generate import generate
+    from nanoserve.model import Qwen3ForCausalLM
+    from nanoserve.paged_cache import PagedKVCache
+    from nanoserve.sampling_params import SamplingParams
+
+    model = ours_from_hf(Qwen3ForCausalLM, hf_tiny_model(**TINY_CONFIGS["qwen3 group=2 head_dim=128"], seed=18, tie=False))
+    rng = random.Random(19)
+    system = [rng.randrange(512) for _ in range(13)]
+    params = SamplingParams(temperature=0, max_tokens=6)
+
+    def run(cache_factory, rounds):
+        """Generate each round's prompts through one cache; returns outputs and prompt tokens computed."""
+        cache, outputs, computed = cache_factory(), [], 0
+        for prompts in rounds(outputs):
+            before = len(cache.tokens_per_forward)
+            done, _ = generate(model, prompts, params, cache=cache)
+            computed += cache.tokens_per_forward[before]
+            outputs.append([c.token_ids for c in done])
+        return outputs, computed
+
+    def shared_system(_):
+        yield [system + [rng_i] * k for rng_i, k in [(3, 2), (5, 7), (9, 1)]]
+
+    duplicates = [[rng.randrange(512) for _ in range(11)]] * 3
+
+    def exact_duplicates(_):
+        yield duplicates
+
+    chat = [system + [1, 2, 3], system + [4, 5]]
+
+    def multi_turn(outputs):
+        prompts = chat
+        for turn in range(3):
+            yield prompts
+            prompts = [p + out + [7, 8, 9 + turn] for p, out in zip(prompts, outputs[-1])]
+
+    first, second = [[rng.randrange(512) for _ in range(40)] for _ in range(2)]
+
+    def evicted_between(_):  # with 16 blocks, the second prompt evicts part of the first's cached blocks
+        yield [first]
+        yield [second]
+        yield [first]
+
+    for name, rounds, blocks in [("shared system prompt", shared_system, 64), ("exact duplicates", exact_duplicates, 64),
+                                 ("multi-turn chat", multi_turn, 64), ("eviction", evicted_between, 16)]:
+        plain, plain_computed = run(lambda: PagedKVCache(model.config, num_blocks=blocks, block_size=4), rounds)
+        cached, cached_computed = run(lambda: cache_cls(model.config, num_blocks=blocks, block_size=4), rounds)
+        if cached != plain:
+            raise AssertionError(f"{name}: outputs with prefix caching {cached} != without {plain}")
+        if not cached_computed < plain_computed:
+            raise AssertionError(f"{name}: prefix caching computed {cached_computed} prompt tokens, "
+                                 f"no fewer than without ({plain_computed})")
+    print("✓ prefix caching: identical greedy outputs (shared system prompt, duplicates, multi-turn, eviction), "
+          "fewer prompt tokens computed")

@@ -1,0 +1,127 @@
+"""Lesson 04: prefix caching. Checks on the engine, stubs that fail, randomized pool invariants."""
+import json
+from pathlib import Path
+
+import pytest
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from nanoserve import prefix_cache
+from nanoserve.block_manager import OutOfBlocks
+from nanoserve.checks import lesson04 as checks
+from nanoserve.checks.lesson04 import pool_problems
+from nanoserve.prefix_cache import PrefixCachingBlockManager, block_hash
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def exercises(ns):
+    return {
+        "4.1 prefix_hashes": lambda: checks.check_prefix_hashes(ns["prefix_hashes"]),
+        "4.2 lookup on allocate": lambda: checks.check_prefix_manager(ns["PrefixCachingBlockManager"]),
+        "4.3 reference-counted free": lambda: checks.check_prefix_manager(ns["PrefixCachingBlockManager"]),
+    }
+
+
+@pytest.mark.parametrize("name", list(exercises(vars(prefix_cache))))
+def test_engine_passes_check(name):
+    exercises(vars(prefix_cache))[name]()
+
+
+def test_engine_outputs_unchanged_and_fewer_tokens_computed():
+    checks.check_prefix_generate(prefix_cache.PrefixCachingKVCache)
+
+
+def lesson_namespace():
+    nb = json.loads((ROOT / "lessons" / "04_prefix_caching.ipynb").read_text())
+    ns = {"__name__": "lesson04"}
+    for cell in nb["cells"]:
+        source = "".join(cell["source"])
+        if cell["cell_type"] == "code" and source.split("\n")[0] == "#| export":
+            exec(compile(source, "lesson04", "exec"), ns)
+    return ns
+
+
+@pytest.mark.parametrize("name", list(exercises(vars(prefix_cache))))
+def test_untouched_stub_fails_its_check(name):
+    ns = lesson_namespace()
+    number = name.split()[0]
+    if number == "4.3":  # isolate the free stub: lookup (4.2) solved
+        ns["PrefixCachingBlockManager"] = type("Hybrid", (PrefixCachingBlockManager,),
+                                               {"free": ns["PrefixCachingBlockManager"].free})
+    with pytest.raises(NotImplementedError, match=f"Exercise {number}"):
+        exercises(ns)[name]()
+
+
+STEMS = [[1, 2, 3, 4, 5, 6, 7, 8, 9], [1, 2, 3, 4, 9, 9, 9, 9], [5, 5, 5, 5, 5, 5]]
+
+
+class SharedPrefixPool(RuleBasedStateMachine):
+    """Random allocate/append/free with heavy prefix overlap, against the pool's invariants."""
+
+    def __init__(self):
+        super().__init__()
+        self.bm = PrefixCachingBlockManager(num_blocks=16, block_size=2)
+        self.live: dict[int, list[int]] = {}
+        self.next_id = 0
+
+    @rule(stem=st.sampled_from(STEMS), cut=st.integers(1, 9), tail=st.lists(st.integers(0, 3), max_size=4))
+    def allocate(self, stem, cut, tail):
+        tokens = stem[:cut] + tail
+        seq, self.next_id = self.next_id, self.next_id + 1
+        try:
+            cached = self.bm.allocate(seq, tokens)
+        except OutOfBlocks:
+            return
+        assert cached % 2 == 0 and cached <= len(tokens) - 1  # whole blocks; the last token is computed
+        self.live[seq] = list(tokens)
+
+    @precondition(lambda self: self.live)
+    @rule(data=st.data(), new=st.lists(st.integers(0, 3), min_size=1, max_size=3))
+    def append(self, data, new):
+        seq = data.draw(st.sampled_from(sorted(self.live)))
+        try:
+            self.bm.append(seq, len(new), new)
+        except OutOfBlocks:
+            return
+        self.live[seq] += new
+
+    @precondition(lambda self: self.live)
+    @rule(data=st.data())
+    def free(self, data):
+        seq = data.draw(st.sampled_from(sorted(self.live)))
+        self.bm.free(seq)
+        del self.live[seq]
+        with pytest.raises(KeyError):
+            self.bm.free(seq)
+
+    @invariant()
+    def consistent(self):
+        assert pool_problems(self.bm) == []
+        for h, block in self.bm.cached.items():  # no cached hash names a block holding other tokens
+            assert self.bm.hash_of[block] == h and len(self.bm.tokens_of[block]) == 2
+        for seq, tokens in self.live.items():  # every full block of a live sequence holds its tokens
+            table = self.bm.block_tables[seq]
+            parent = None
+            for i in range(len(tokens) // 2):
+                parent = block_hash(parent, tokens[2 * i:2 * i + 2])
+                assert self.bm.tokens_of[table[i]] == tuple(tokens[2 * i:2 * i + 2])
+                assert self.bm.hash_of[table[i]] == parent
+
+    def teardown(self):
+        for seq in list(self.live):
+            self.bm.free(seq)
+        assert self.bm.num_free == 16 and not any(self.bm.ref_count)
+
+
+TestSharedPrefixPool = SharedPrefixPool.TestCase
+TestSharedPrefixPool.settings = settings(max_examples=80, stateful_step_count=50, deadline=None)
+
+
+def test_a_forced_hash_collision_never_shares_a_wrong_block(monkeypatch):
+    monkeypatch.setattr(prefix_cache, "block_hash", lambda parent, tokens: 42)  # every block collides
+    bm = PrefixCachingBlockManager(num_blocks=8, block_size=2)
+    bm.allocate("a", [1, 2, 3, 4, 5])
+    assert bm.allocate("b", [6, 7, 8, 9, 10]) == 0
+    assert bm.allocate("c", [1, 2, 7, 7, 7]) == 2  # the true match on the first block is still found
