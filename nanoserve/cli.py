@@ -64,8 +64,10 @@ def generate(args) -> int:
         if tokenizer.chat_template is None:
             print(f"nanoserve: {path} has no chat template; drop --chat", file=sys.stderr)
             return 2
+        # enable_thinking=False: Qwen3 answers at once instead of reasoning first (other templates ignore it)
         prompt_ids = tokenizer.apply_chat_template(
-            [{"role": "user", "content": args.prompt}], add_generation_prompt=True, tokenize=True)
+            [{"role": "user", "content": args.prompt}], add_generation_prompt=True, tokenize=True,
+            enable_thinking=False)
         if hasattr(prompt_ids, "keys"):  # newer transformers return a BatchEncoding
             prompt_ids = prompt_ids["input_ids"]
     else:
@@ -90,6 +92,7 @@ def generate(args) -> int:
     # Without --seed, a fresh random draw each run (the loop's own seed is fixed for reproducibility).
     completions, _ = generate_tokens(model, [prompt_ids], params, eos_token_ids=eos_token_ids(path, tokenizer),
                                      seed=random.randrange(2**62), on_token=on_token)
+    sys.stdout.write(stream.flush())
     new_ids = completions[0].token_ids
     seconds = time.perf_counter() - start
     print()

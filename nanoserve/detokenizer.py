@@ -12,9 +12,14 @@ class Detokenizer:
         self.token_ids: list[int] = []
         self.text = ""  # the text so far, cut before a stop string if one was found
         self.stopped = False
+        self.emitted = 0  # how much of self.text add() and flush() have handed out
 
     def add(self, token_id: int) -> str:
-        """Add one token; return the text it adds (empty while a multi-byte character is incomplete)."""
+        """Add one token; return the text that became final (for streaming).
+
+        Text that may still turn out to begin a stop string is held back (up to the longest stop
+        string's length - 1 characters), as is half a multi-byte character; flush() returns the rest.
+        """
         self.token_ids.append(token_id)
         text = self.tokenizer.decode(self.token_ids, skip_special_tokens=True)
         if text.endswith("\ufffd"):  # half a UTF-8 character: wait for the rest
@@ -24,5 +29,12 @@ class Detokenizer:
         hits = [i for i in (text.find(s, search_from) for s in self.stop) if i >= 0]
         if hits:
             text, self.stopped = text[:min(hits)], True
-        new, self.text = text[len(self.text):], text
+        self.text = text
+        final = len(text) if self.stopped else max(self.emitted, len(text) - max(longest - 1, 0))
+        new, self.emitted = text[self.emitted:final], final
+        return new
+
+    def flush(self) -> str:
+        """The text still held back, once the request has finished."""
+        new, self.emitted = self.text[self.emitted:], len(self.text)
         return new

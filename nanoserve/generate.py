@@ -25,6 +25,8 @@ class Request:
     def __init__(self, row: int, prompt_ids: list[int], params: SamplingParams, seed: int, eos: set[int], tokenizer):
         if not prompt_ids:
             raise ValueError(f"prompt {row} is empty: give at least one token")
+        if params.stop and tokenizer is None:
+            raise ValueError("stop strings need the tokenizer: pass tokenizer=...")
         self.row, self.prompt_ids, self.params, self.seed = row, list(prompt_ids), params, seed
         self.stop_ids = set(params.stop_token_ids) | (set() if params.ignore_eos else set(eos))
         self.detok = Detokenizer(tokenizer, params.stop) if tokenizer is not None else None
@@ -54,11 +56,17 @@ def generate(model, prompts: list[list[int]], params: SamplingParams | list[Samp
     """
     params = params if params is not None else SamplingParams()
     params = params if isinstance(params, list) else [params] * len(prompts)
+    if not prompts:
+        raise ValueError("no prompts given")
     if len(params) != len(prompts):
         raise ValueError(f"{len(prompts)} prompts but {len(params)} SamplingParams")
     seeder = torch.Generator().manual_seed(seed)
     requests = [Request(i, p, sp, sp.seed if sp.seed is not None else int(torch.randint(2**62, (1,), generator=seeder)),
                         set(eos_token_ids), tokenizer) for i, (p, sp) in enumerate(zip(prompts, params))]
+    for r in requests:
+        if len(r.prompt_ids) + r.params.max_tokens > model.config.max_position_embeddings:
+            raise ValueError(f"prompt {r.row} ({len(r.prompt_ids)} tokens) + max_tokens {r.params.max_tokens} exceeds "
+                             f"the model's {model.config.max_position_embeddings} positions")
     device = next(model.parameters()).device
     max_len = max(len(r.prompt_ids) + r.params.max_tokens for r in requests)
     if cache is None:
@@ -79,16 +87,24 @@ def generate(model, prompts: list[list[int]], params: SamplingParams | list[Samp
                 cache.release(r.row)
 
     # Tokens of each prompt whose K/V the cache already holds: always 0 here (lesson 04 shares prefixes).
-    cached = [cache.reserve(r.row, r.prompt_ids) for r in requests]
-    new = [r.prompt_ids[c:] for r, c in zip(requests, cached)]
-    cache.set_batch([r.row for r in requests], cached, [len(t) for t in new], new)
-    input_ids = [t for tokens in new for t in tokens]
-    positions = [p for r, c in zip(requests, cached) for p in range(c, len(r.prompt_ids))]
-    last_rows = (torch.tensor([len(t) for t in new]).cumsum(0) - 1).tolist()
-    step(requests, input_ids, positions, last_rows)
-    while running := [r for r in requests if r.finish_reason is None]:
-        positions = [len(r.prompt_ids) + len(r.output_ids) - 1 for r in running]
-        last = [r.output_ids[-1] for r in running]
-        cache.set_batch([r.row for r in running], positions, [1] * len(running), [[t] for t in last])
-        step(running, last, positions, list(range(len(running))))
+    cached = []
+    try:
+        for r in requests:
+            cached.append(cache.reserve(r.row, r.prompt_ids))
+        new = [r.prompt_ids[c:] for r, c in zip(requests, cached)]
+        cache.set_batch([r.row for r in requests], cached, [len(t) for t in new], new)
+        input_ids = [t for tokens in new for t in tokens]
+        positions = [p for r, c in zip(requests, cached) for p in range(c, len(r.prompt_ids))]
+        last_rows = (torch.tensor([len(t) for t in new]).cumsum(0) - 1).tolist()
+        step(requests, input_ids, positions, last_rows)
+        while running := [r for r in requests if r.finish_reason is None]:
+            positions = [len(r.prompt_ids) + len(r.output_ids) - 1 for r in running]
+            last = [r.output_ids[-1] for r in running]
+            cache.set_batch([r.row for r in running], positions, [1] * len(running), [[t] for t in last])
+            step(running, last, positions, list(range(len(running))))
+    except BaseException:  # an error or Ctrl-C: give back what unfinished requests hold (the cache may be reused)
+        for r in requests[:len(cached)]:
+            if r.finish_reason is None:
+                cache.release(r.row)
+        raise
     return [r.completion() for r in requests], cache

@@ -27,7 +27,9 @@ class PrefixCachingBlockManager(BlockManager):
         super().__init__(num_blocks, block_size)
         self.ref_count = [0] * num_blocks
         self.hash_of: list[int | None] = [None] * num_blocks  # chained hash of a full block's content
-        self.tokens_of: list[tuple | None] = [None] * num_blocks  # the tokens it covers (collision guard)
+        # What that hash stands for, kept to rule out collisions: the block's tokens and its parent's hash.
+        self.tokens_of: list[tuple | None] = [None] * num_blocks
+        self.parent_of: list[int | None] = [None] * num_blocks
         self.cached: dict[int, int] = {}  # hash -> block holding that content
         self.evictable: OrderedDict[int, None] = OrderedDict()  # unused blocks still cached, LRU first
         self.token_ids: dict = {}  # sequence -> its tokens so far (to hash blocks as they fill)
@@ -44,21 +46,23 @@ class PrefixCachingBlockManager(BlockManager):
             block, _ = self.evictable.popitem(last=False)
             if self.cached.get(self.hash_of[block]) == block:
                 del self.cached[self.hash_of[block]]
-            self.hash_of[block] = self.tokens_of[block] = None
+            self.hash_of[block] = self.tokens_of[block] = self.parent_of[block] = None
         self.ref_count[block] = 1
         return block
 
-    def _register(self, block: int, parent: int | None, tokens) -> None:
-        """Name a block that just became full, so later sequences can find it."""
-        self.hash_of[block] = block_hash(parent, tokens)
-        self.tokens_of[block] = tuple(tokens)
-        self.cached.setdefault(self.hash_of[block], block)  # an equal block cached earlier stays the one found
+    def _matches(self, block: int, parent: int | None, tokens: tuple) -> bool:
+        """Does this cached block really hold these tokens after this prefix? (A hash may collide.)"""
+        return self.tokens_of[block] == tokens and self.parent_of[block] == parent
 
     def _register_full_blocks(self, seq_id, first: int, end: int) -> None:
+        """Name the sequence's blocks first..end-1, which just became full, so later sequences find them."""
         table, tokens, size = self.block_tables[seq_id], self.token_ids[seq_id], self.block_size
+        hashes = prefix_hashes(tokens[:end * size], size)
         for i in range(first, end):
-            parent = self.hash_of[table[i - 1]] if i else None
-            self._register(table[i], parent, tokens[i * size:(i + 1) * size])
+            block = table[i]
+            self.hash_of[block], self.parent_of[block] = hashes[i], hashes[i - 1] if i else None
+            self.tokens_of[block] = tuple(tokens[i * size:(i + 1) * size])
+            self.cached.setdefault(hashes[i], block)  # an equal block cached earlier stays the one found
 
     def allocate(self, seq_id, token_ids: list[int]) -> int:
         """Blocks for a new sequence's prompt, reusing cached ones; returns the number of cached tokens."""
@@ -70,12 +74,12 @@ class PrefixCachingBlockManager(BlockManager):
         if self.blocks_for(n) > self.num_blocks:
             raise ValueError(f"sequence {seq_id!r} needs {self.blocks_for(n)} blocks for {n} tokens but the whole "
                              f"pool has {self.num_blocks}: it can never fit")
-        hits, parent = [], None
-        for start in range(0, n - 1 - self.block_size + 1, self.block_size):
-            tokens = tuple(token_ids[start:start + self.block_size])
-            h = block_hash(parent, tokens)
+        hits = []
+        parent = None
+        for i, h in enumerate(prefix_hashes(token_ids[:n - 1], self.block_size)):
             block = self.cached.get(h)
-            if block is None or self.tokens_of[block] != tokens:  # a miss, or a hash collision
+            tokens = tuple(token_ids[i * self.block_size:(i + 1) * self.block_size])
+            if block is None or not self._matches(block, parent, tokens):  # a miss, or a hash collision
                 break
             hits.append(block)
             parent = h
@@ -134,6 +138,13 @@ class PrefixCachingKVCache(PagedKVCache):
 
     def reserve(self, row, prompt_ids: list[int]) -> int:
         return self.blocks.allocate(row, prompt_ids)
+
+    def set_batch(self, rows: list, starts: list[int], num_new: list[int], token_ids=None) -> None:
+        if unreserved := [r for r in rows if r not in self.blocks.block_tables]:
+            raise ValueError(f"sequences {unreserved} were not reserved: prefix caching needs each prompt's tokens")
+        if token_ids is None:
+            raise ValueError("prefix caching needs token_ids: the new tokens name the blocks they fill")
+        super().set_batch(rows, starts, num_new, token_ids)
 
     def _grow(self, seq, n: int, tokens) -> None:
         self.blocks.append(seq, n, list(tokens)[-n:])

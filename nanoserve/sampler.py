@@ -24,7 +24,7 @@ def hash_uniform(seeds: torch.Tensor, steps: torch.Tensor, vocab_size: int) -> t
     s = _mix32(seeds & MASK32) ^ _mix32((seeds >> 32) & MASK32)
     s = _mix32((s + _mix32(steps & MASK32)) & MASK32)
     tokens = torch.arange(vocab_size, device=seeds.device)
-    bits = _mix32((s[:, None] * 0x9E3779B1 + tokens[None, :]) & MASK32)  # 0x9E3779B1 < 2**32: see above
+    bits = _mix32((s[:, None] * 0x5BD1E995 + tokens[None, :]) & MASK32)  # 0x5BD1E995 < 2**31: see above
     return ((bits >> 8).float() + 0.5) / 2**24  # 24 bits: exact in float32, never 0 or 1
 
 
@@ -55,6 +55,6 @@ class Sampler:
         temperature = torch.tensor([p.temperature for p in params], dtype=torch.float32, device=device)
         top_k = torch.tensor([p.top_k for p in params], device=device)
         top_p = torch.tensor([p.top_p for p in params], dtype=torch.float32, device=device)
-        tokens = sample(logits, temperature, top_k, top_p,
-                        torch.tensor(seeds, device=device), torch.tensor(steps, device=device))
+        seeds = torch.tensor([s % 2**63 for s in seeds], device=device)  # any Python int, as an int64
+        tokens = sample(logits, temperature, top_k, top_p, seeds, torch.tensor(steps, device=device))
         return tokens.tolist()

@@ -47,7 +47,8 @@ def test_unknown_model_is_a_clear_error():
 
 def test_chat_with_the_default_model_answers():
     """The README's main job: offline, on CPU, real text from the default model (SmolLM2 here)."""
-    result = run("generate", "What is the capital of France?", "--chat", "--max-tokens", "12")
+    result = run("generate", "What is the capital of France?", "--chat", "--max-tokens", "12",
+                 "--model", "smollm2-135m-instruct")
     assert result.returncode == 0, result.stderr
     assert "Paris" in result.stdout
 

@@ -1,15 +1,13 @@
 """Lesson 01's checks, run on the engine's code; and proof that the lesson's untouched stubs fail them."""
-import json
-from pathlib import Path
 
 import pytest
+from lesson_source import generated_lesson
 import torch
 
 from nanoserve import attention, model, naive
 from nanoserve.checks import lesson01 as checks
 from nanoserve.model import rope_cos_sin
 
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def exercises(ns):
@@ -42,7 +40,7 @@ def lesson_namespace():
 
     Stops at the loader cell, which imports the engine's Qwen3ForCausalLM over the learner's.
     """
-    nb = json.loads((ROOT / "lessons" / "01_naive_forward.ipynb").read_text())
+    nb = generated_lesson("01_naive_forward")
     ns = {"__name__": "lesson01"}
     for cell in nb["cells"]:
         source = "".join(cell["source"])

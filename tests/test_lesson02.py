@@ -1,8 +1,7 @@
 """Lesson 02: the KV cache (checks on the engine; stubs fail), the sampler, SamplingParams, stop strings."""
-import json
-from pathlib import Path
 
 import pytest
+from lesson_source import generated_lesson
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -18,7 +17,6 @@ from nanoserve.sampler import sample
 from nanoserve.sampling_params import SamplingParams
 from nanoserve.zoo import resolve_model
 
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def exercises(ns):
@@ -36,7 +34,7 @@ def test_engine_passes_check(name):
 
 @pytest.mark.parametrize("name", list(exercises({})))
 def test_untouched_stub_fails_its_check(name):
-    nb = json.loads((ROOT / "lessons" / "02_kv_cache.ipynb").read_text())
+    nb = generated_lesson("02_kv_cache")
     ns = {"__name__": "lesson02"}
     for cell in nb["cells"]:
         source = "".join(cell["source"])
@@ -200,3 +198,41 @@ def test_eos_ends_unless_ignored(tiny):
 def test_empty_prompt_is_a_clear_error(tiny):
     with pytest.raises(ValueError, match="prompt 1 is empty"):
         generate(tiny[0], [[1, 2], []])
+
+
+def test_streamed_text_never_includes_a_stop_string(tiny):
+    _, tok = tiny
+    ids = tok.encode("Roses are red.\n\nViolets are blue.")
+    for stop in (["red.\n\nV"], ["blue"], []):
+        detok, streamed = Detokenizer(tok, stop), ""
+        for t in ids:
+            streamed += detok.add(t)
+            if detok.stopped:
+                break
+        streamed += detok.flush()
+        assert streamed == detok.text
+        assert not any(s in streamed for s in stop)
+
+
+def test_huge_and_negative_seeds_are_accepted(tiny):
+    model, _ = tiny
+    for seed in (2**70, -5):
+        out, _ = generate(model, [[1, 2, 3]], SamplingParams(temperature=1.0, seed=seed, max_tokens=3))
+        again, _ = generate(model, [[1, 2, 3]], SamplingParams(temperature=1.0, seed=seed, max_tokens=3))
+        assert out[0].token_ids == again[0].token_ids
+
+
+def test_bad_generate_calls_fail_clearly_and_free_what_they_took(tiny):
+    from nanoserve.paged_cache import PagedKVCache
+
+    model, _ = tiny
+    with pytest.raises(ValueError, match="no prompts"):
+        generate(model, [])
+    with pytest.raises(ValueError, match="stop strings need the tokenizer"):
+        generate(model, [[1, 2]], SamplingParams(stop="x"))
+    with pytest.raises(ValueError, match="exceeds the model's 4096 positions"):
+        generate(model, [[1, 2]], SamplingParams(max_tokens=5000))
+    cache = PagedKVCache(model.config, num_blocks=3, block_size=4)  # room for the first prompt only
+    with pytest.raises(RuntimeError, match="blocks"):
+        generate(model, [[1] * 8, [2] * 8], SamplingParams(max_tokens=2), cache=cache)
+    assert cache.blocks.num_free == 3  # the first prompt's blocks were given back

@@ -3,6 +3,7 @@ import json
 from pathlib import Path
 
 import pytest
+from lesson_source import generated_lesson
 import torch
 from hypothesis import settings
 from hypothesis import strategies as st
@@ -38,7 +39,7 @@ def test_paged_generate_equals_contiguous():
 
 
 def lesson_namespace():
-    nb = json.loads((ROOT / "lessons" / "03_paged_attention.ipynb").read_text())
+    nb = generated_lesson("03_paged_attention")
     ns = {"__name__": "lesson03"}
     for cell in nb["cells"]:
         source = "".join(cell["source"])
@@ -151,10 +152,10 @@ def test_torch_paged_attention_skips_negative_slots():
 
 
 STUB_34 = """
-import json, os
+import json, os, sys
 os.environ["TRITON_INTERPRET"] = "1"  # before any kernel is defined
 from nanoserve.checks import lesson03 as checks
-nb = json.load(open("lessons/03_paged_attention.ipynb"))
+nb = json.loads(sys.stdin.read())
 ns = {"__name__": "lesson03"}
 for cell in nb["cells"]:
     source = "".join(cell["source"])
@@ -170,6 +171,7 @@ def test_untouched_triton_stub_fails_its_check():
     import subprocess
     import sys
 
-    result = subprocess.run([sys.executable, "-c", STUB_34], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    result = subprocess.run([sys.executable, "-c", STUB_34], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                            input=json.dumps(generated_lesson("03_paged_attention")))
     assert result.returncode != 0
     assert "NotImplementedError('Exercise 3.4" in result.stderr, result.stderr[-2000:]

@@ -1,8 +1,7 @@
 """Lesson 04: prefix caching. Checks on the engine, stubs that fail, randomized pool invariants."""
-import json
-from pathlib import Path
 
 import pytest
+from lesson_source import generated_lesson
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
@@ -13,7 +12,6 @@ from nanoserve.checks import lesson04 as checks
 from nanoserve.checks.lesson04 import pool_problems
 from nanoserve.prefix_cache import PrefixCachingBlockManager, block_hash
 
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def exercises(ns):
@@ -34,7 +32,7 @@ def test_engine_outputs_unchanged_and_fewer_tokens_computed():
 
 
 def lesson_namespace():
-    nb = json.loads((ROOT / "lessons" / "04_prefix_caching.ipynb").read_text())
+    nb = generated_lesson("04_prefix_caching")
     ns = {"__name__": "lesson04"}
     for cell in nb["cells"]:
         source = "".join(cell["source"])
@@ -125,3 +123,10 @@ def test_a_forced_hash_collision_never_shares_a_wrong_block(monkeypatch):
     bm.allocate("a", [1, 2, 3, 4, 5])
     assert bm.allocate("b", [6, 7, 8, 9, 10]) == 0
     assert bm.allocate("c", [1, 2, 7, 7, 7]) == 2  # the true match on the first block is still found
+
+
+def test_equal_tokens_after_another_prefix_are_not_shared(monkeypatch):
+    monkeypatch.setattr(prefix_cache, "block_hash", lambda parent, tokens: hash(tuple(tokens)))  # forgets the parent
+    bm = PrefixCachingBlockManager(num_blocks=8, block_size=2)
+    bm.allocate("a", [1, 2, 3, 4, 5])
+    assert bm.allocate("b", [3, 4, 9]) == 0  # [3, 4] at positions 0-1 is not a's [3, 4] at positions 2-3

@@ -78,6 +78,14 @@ def check_prefix_manager(manager_cls) -> None:
     if bm.allocate("f", other) != 0:
         raise AssertionError("a block was shared on a hash match whose tokens differ (compare tokens_of)")
     bm.free("f")
+    # The same tokens after a different prefix are different K/V: a forged match on them must fail too.
+    mixed = list(range(200, 204)) + prompt[:4] + [1, 2]
+    bm.allocate("g", mixed[:5])  # caches mixed's first block
+    bm.free("g")
+    bm.cached[block_hash(block_hash(None, mixed[:4]), mixed[4:8])] = bm.cached[block_hash(None, prompt[:4])]
+    if bm.allocate("h", mixed) != 4:
+        raise AssertionError("a block was shared on a hash match whose parent differs (compare the parent hash too)")
+    bm.free("h")
     # LRU: when no never-used block is left, the least recently freed cached block goes first.
     bm = manager_cls(num_blocks=5, block_size=2)
     for seq, tokens in [("x", [1, 2, 3]), ("y", [4, 5, 6])]:  # each: one full (cached) block + one partial
