@@ -43,61 +43,45 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--seed", type=int, default=None, help="seed for sampling, for reproducible output")
     gen.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     gen.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
+    bench = sub.add_parser("bench", help="the course's benchmark workload (GPU), against transformers")
+    bench.add_argument("--model", default="qwen3-0.6b-random")
+    bench.add_argument("--num-seqs", type=_positive_int, default=256)
+    bench.add_argument("--no-baseline", action="store_true", help="skip the transformers baseline")
+    bench.add_argument("--out", default=None, help="also write the results as JSON here")
     prep = sub.add_parser("prepare", help="build or find models now, so later runs start at once")
     prep.add_argument("models", nargs="+", help="model names, hub ids or directories")
     return parser
 
 
 def generate(args) -> int:
-    from transformers import AutoTokenizer
-
-    from nanoserve.detokenizer import Detokenizer
-    from nanoserve.generate import generate as generate_tokens
-    from nanoserve.loader import eos_token_ids, load_model
+    from nanoserve.engine import LLM
     from nanoserve.sampling_params import SamplingParams
-    from nanoserve.zoo import resolve_model
-
-    path = resolve_model(args.model)
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    model = load_model(path, device=args.device)
-    if args.chat:
-        if tokenizer.chat_template is None:
-            print(f"nanoserve: {path} has no chat template; drop --chat", file=sys.stderr)
-            return 2
-        # enable_thinking=False: Qwen3 answers at once instead of reasoning first (other templates ignore it)
-        prompt_ids = tokenizer.apply_chat_template(
-            [{"role": "user", "content": args.prompt}], add_generation_prompt=True, tokenize=True,
-            enable_thinking=False)
-        if hasattr(prompt_ids, "keys"):  # newer transformers return a BatchEncoding
-            prompt_ids = prompt_ids["input_ids"]
-    else:
-        prompt_ids = tokenizer.encode(args.prompt)
-    if not prompt_ids:
-        print("nanoserve: the prompt is empty", file=sys.stderr)
-        return 2
 
     try:
         params = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                                seed=args.seed, max_tokens=args.max_tokens)
+                                seed=args.seed if args.seed is not None else random.randrange(2**62),
+                                max_tokens=args.max_tokens)
     except ValueError as e:
         print(f"nanoserve: {e}", file=sys.stderr)
         return 2
-    stream = Detokenizer(tokenizer)
-
-    def on_token(index: int, token: int) -> None:
-        sys.stdout.write(stream.add(token))
+    llm = LLM(args.model, device=args.device, max_num_seqs=1, max_model_len=args.max_tokens + 4096)
+    if args.chat and llm.tokenizer.chat_template is None:
+        print("nanoserve: this model has no chat template; drop --chat", file=sys.stderr)
+        return 2
+    # --chat: a list of messages, which LLM renders with the model's chat template
+    prompt = [{"role": "user", "content": args.prompt}] if args.chat else args.prompt
+    start, count = time.perf_counter(), 0
+    for _, text, token, _ in llm.stream(prompt, params):
+        if token is None:  # the request failed; text says why
+            print(f"nanoserve: {text}", file=sys.stderr)
+            return 2
+        sys.stdout.write(text)
         sys.stdout.flush()
-
-    start = time.perf_counter()
-    # Without --seed, a fresh random draw each run (the loop's own seed is fixed for reproducibility).
-    completions, _ = generate_tokens(model, [prompt_ids], params, eos_token_ids=eos_token_ids(path, tokenizer),
-                                     seed=random.randrange(2**62), on_token=on_token)
-    sys.stdout.write(stream.flush())
-    new_ids = completions[0].token_ids
+        count += 1
     seconds = time.perf_counter() - start
-    print()
-    print(f"[{path.name}: {len(prompt_ids)} prompt + {len(new_ids)} generated tokens in {seconds:.1f} s, "
-          f"{len(new_ids) / seconds:.1f} tok/s]", file=sys.stderr)
+    sys.stdout.write("\n")
+    sys.stdout.flush()
+    print(f"[{count} tokens in {seconds:.1f} s, {count / seconds:.1f} tok/s]", file=sys.stderr)
     return 0
 
 
@@ -107,6 +91,10 @@ def main(argv=None) -> int:
     try:
         if args.command == "generate":
             return generate(args)
+        if args.command == "bench":
+            from nanoserve.bench import main as bench_main
+
+            return bench_main(args.model, not args.no_baseline, args.out, args.num_seqs)
         if args.command == "prepare":
             from nanoserve.zoo import resolve_model
 

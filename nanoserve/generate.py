@@ -35,12 +35,13 @@ class Request:
 
     def append(self, token: int) -> None:
         self.output_ids.append(token)
-        if self.detok is not None:
-            self.detok.add(token)
+        self.new_text = self.detok.add(token) if self.detok is not None else ""  # for streaming
         if token in self.stop_ids or (self.detok is not None and self.detok.stopped):
             self.finish_reason = "stop"
         elif len(self.output_ids) >= self.params.max_tokens:
             self.finish_reason = "length"
+        if self.finish_reason is not None and self.detok is not None:
+            self.new_text += self.detok.flush()
 
     def completion(self) -> Completion:
         return Completion(self.output_ids, self.detok.text if self.detok else None, self.finish_reason)

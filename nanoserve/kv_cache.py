@@ -49,7 +49,7 @@ class ContiguousKVCache:
         """A sequence in this row finished. Its max_len slots stay reserved until the whole batch is
         done: that idle memory is the price of a contiguous cache (lesson 03 gives it back)."""
 
-    def reserve(self, row: int, prompt_ids: list[int]) -> int:
+    def reserve(self, row: int, prompt_ids: list[int], budget: int | None = None) -> int:
         """Make room for a new sequence's prompt in `row`; returns how many of its tokens are already
         cached. A contiguous row is reserved up front and starts empty: always 0 (lesson 04 returns more)."""
         if len(prompt_ids) > self.max_len:

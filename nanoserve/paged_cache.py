@@ -32,8 +32,9 @@ class PagedKVCache:
     def nbytes(self) -> int:
         return self.k_cache.nbytes + self.v_cache.nbytes
 
-    def reserve(self, row, prompt_ids: list[int]) -> int:
-        """Blocks for a new sequence's prompt; returns how many tokens are already cached (0: lesson 04 adds sharing)."""
+    def reserve(self, row, prompt_ids: list[int], budget: int | None = None) -> int:
+        """Blocks for a new sequence's prompt; returns how many tokens are already cached (0: lesson 04 adds
+        sharing). budget: how many uncached tokens this step computes (None: all; lesson 05 splits prompts)."""
         self.blocks.allocate(row, len(prompt_ids))
         return 0
 
@@ -45,7 +46,7 @@ class PagedKVCache:
             if seq not in self.blocks.block_tables:
                 self.blocks.allocate(seq, start + n)
             elif start + n > self.blocks.num_tokens[seq]:
-                self._grow(seq, start + n - self.blocks.num_tokens[seq], tokens)
+                self.grow(seq, start + n - self.blocks.num_tokens[seq], tokens)
         slots = [s for seq, start, n in zip(rows, starts, num_new) for s in self.blocks.slots(seq, start, start + n)]
         tables = [self.blocks.block_tables[seq] for seq in rows]
         width = max(map(len, tables))
@@ -60,7 +61,8 @@ class PagedKVCache:
         self.max_query_len = max(num_new)
         self.tokens_per_forward.append(sum(num_new))
 
-    def _grow(self, seq, n: int, tokens) -> None:
+    def grow(self, seq, n: int, tokens) -> None:
+        """Record n more tokens of seq (tokens ends with them), taking blocks as needed."""
         self.blocks.append(seq, n)
 
     def release(self, row) -> None:

@@ -33,6 +33,7 @@ class PrefixCachingBlockManager(BlockManager):
         self.cached: dict[int, int] = {}  # hash -> block holding that content
         self.evictable: OrderedDict[int, None] = OrderedDict()  # unused blocks still cached, LRU first
         self.token_ids: dict = {}  # sequence -> its tokens so far (to hash blocks as they fill)
+        self.num_named: dict = {}  # sequence -> how many of its leading blocks have been named
 
     @property
     def num_free(self) -> int:
@@ -54,18 +55,24 @@ class PrefixCachingBlockManager(BlockManager):
         """Does this cached block really hold these tokens after this prefix? (A hash may collide.)"""
         return self.tokens_of[block] == tokens and self.parent_of[block] == parent
 
-    def _register_full_blocks(self, seq_id, first: int, end: int) -> None:
-        """Name the sequence's blocks first..end-1, which just became full, so later sequences find them."""
+    def name_blocks(self, seq_id, num_tokens: int) -> None:
+        """Name the sequence's full blocks within its first num_tokens tokens, so later sequences find
+        them. Call it once those tokens' K/V are computed, or are being computed in this step."""
         table, tokens, size = self.block_tables[seq_id], self.token_ids[seq_id], self.block_size
+        first, end = self.num_named[seq_id], min(num_tokens, self.num_tokens[seq_id]) // size
         hashes = prefix_hashes(tokens[:end * size], size)
         for i in range(first, end):
             block = table[i]
             self.hash_of[block], self.parent_of[block] = hashes[i], hashes[i - 1] if i else None
             self.tokens_of[block] = tuple(tokens[i * size:(i + 1) * size])
             self.cached.setdefault(hashes[i], block)  # an equal block cached earlier stays the one found
+        self.num_named[seq_id] = max(first, end)
 
-    def allocate(self, seq_id, token_ids: list[int]) -> int:
-        """Blocks for a new sequence's prompt, reusing cached ones; returns the number of cached tokens."""
+    def allocate(self, seq_id, token_ids: list[int], budget: int | None = None) -> int:
+        """Blocks for a new sequence's prompt, reusing cached ones; returns the number of cached tokens.
+
+        budget: at most this many tokens past the cached ones get their K/V computed in this step (None:
+        all of them; a scheduler that splits prompts gives less). Only blocks within those are named now."""
         n = len(token_ids)
         if seq_id in self.block_tables:
             raise ValueError(f"sequence {seq_id!r} already has blocks")
@@ -93,7 +100,8 @@ class PrefixCachingBlockManager(BlockManager):
         self.block_tables[seq_id] = hits + [self._take_block() for _ in range(needed)]
         self.num_tokens[seq_id] = n
         self.token_ids[seq_id] = list(token_ids)
-        self._register_full_blocks(seq_id, len(hits), n // self.block_size)
+        self.num_named[seq_id] = len(hits)
+        self.name_blocks(seq_id, n if budget is None else len(hits) * self.block_size + budget)
         return len(hits) * self.block_size
 
     def append(self, seq_id, n: int = 1, token_ids: list[int] | None = None) -> list[int]:
@@ -110,7 +118,7 @@ class PrefixCachingBlockManager(BlockManager):
         table.extend(new)
         self.num_tokens[seq_id] += n
         self.token_ids[seq_id].extend(token_ids)
-        self._register_full_blocks(seq_id, before // self.block_size, self.num_tokens[seq_id] // self.block_size)
+        self.name_blocks(seq_id, self.num_tokens[seq_id])  # appended tokens are computed in this step
         return new
 
     def free(self, seq_id) -> None:
@@ -118,7 +126,7 @@ class PrefixCachingBlockManager(BlockManager):
         if seq_id not in self.block_tables:
             raise KeyError(f"sequence {seq_id!r} has no blocks (never allocated, or freed already)")
         table = self.block_tables.pop(seq_id)
-        del self.num_tokens[seq_id], self.token_ids[seq_id]
+        del self.num_tokens[seq_id], self.token_ids[seq_id], self.num_named[seq_id]
         for block in reversed(table):
             self.ref_count[block] -= 1
             if self.ref_count[block] == 0:
@@ -136,8 +144,8 @@ class PrefixCachingKVCache(PagedKVCache):
         super().__init__(*args, **kwargs)
         self.blocks = PrefixCachingBlockManager(self.blocks.num_blocks, self.blocks.block_size)
 
-    def reserve(self, row, prompt_ids: list[int]) -> int:
-        return self.blocks.allocate(row, prompt_ids)
+    def reserve(self, row, prompt_ids: list[int], budget: int | None = None) -> int:
+        return self.blocks.allocate(row, prompt_ids, budget)
 
     def set_batch(self, rows: list, starts: list[int], num_new: list[int], token_ids=None) -> None:
         if unreserved := [r for r in rows if r not in self.blocks.block_tables]:
@@ -145,6 +153,8 @@ class PrefixCachingKVCache(PagedKVCache):
         if token_ids is None:
             raise ValueError("prefix caching needs token_ids: the new tokens name the blocks they fill")
         super().set_batch(rows, starts, num_new, token_ids)
+        for seq, start, n in zip(rows, starts, num_new):
+            self.blocks.name_blocks(seq, start + n)  # a prompt computed over several steps: name as it goes
 
-    def _grow(self, seq, n: int, tokens) -> None:
+    def grow(self, seq, n: int, tokens) -> None:
         self.blocks.append(seq, n, list(tokens)[-n:])

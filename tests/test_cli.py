@@ -14,7 +14,7 @@ def run(*args):
 def test_generate_greedy_is_deterministic_and_respects_max_tokens(capsys):
     assert main(["generate", "Hello", "--model", "tiny-qwen3", "--max-tokens", "6"]) == 0
     first = capsys.readouterr()
-    assert "6 generated tokens" in first.err
+    assert "[6 tokens in" in first.err
     assert main(["generate", "Hello", "--model", "tiny-qwen3", "--max-tokens", "6"]) == 0
     assert capsys.readouterr().out == first.out
     assert first.out.strip()

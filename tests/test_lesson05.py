@@ -1,0 +1,118 @@
+"""Lesson 05: the scheduler and the engine. Checks on the engine, stubs that fail, a stress test, the API."""
+import random
+
+import pytest
+from lesson_source import generated_lesson
+
+from nanoserve import engine as engine_module
+from nanoserve import model_runner, scheduler
+from nanoserve.checks import lesson05 as checks
+from nanoserve.engine import LLM, LLMEngine
+from nanoserve.sampling_params import SamplingParams
+
+ENGINE = {**vars(scheduler), **vars(model_runner), **vars(engine_module)}
+
+
+def exercises(ns):
+    return {
+        "5.1 admission": lambda: checks.check_scheduler(ns["Scheduler"]),
+        "5.2 preemption": lambda: checks.check_scheduler(ns["Scheduler"]),
+        "5.3 prepare_inputs": lambda: checks.check_prepare_inputs(ns["prepare_inputs"]),
+    }
+
+
+@pytest.mark.parametrize("name", list(exercises(ENGINE)))
+def test_engine_passes_check(name):
+    exercises(ENGINE)[name]()
+
+
+def test_batch_invariance_with_preemption_chunking_and_prefix_caching():
+    checks.check_batch_invariance(LLMEngine)
+
+
+@pytest.mark.parametrize("name", list(exercises(ENGINE)))
+def test_untouched_stub_fails_its_check(name):
+    ns = {"__name__": "lesson05"}
+    for cell in generated_lesson("05_scheduler")["cells"]:
+        source = "".join(cell["source"])
+        if cell["cell_type"] == "code" and source.split("\n")[0] in ("#| export scheduler", "#| export model_runner"):
+            exec(compile(source, "lesson05", "exec"), ns)
+    number = name.split()[0]
+    if number == "5.2":  # isolate the preempt stub: admission (5.1) solved
+        ns["Scheduler"] = type("Hybrid", (scheduler.Scheduler,), {"preempt": ns["Scheduler"].preempt})
+    with pytest.raises(NotImplementedError, match=f"Exercise {number}"):
+        exercises(ns)[name]()
+
+
+@pytest.fixture(scope="module")
+def tiny_engine_parts():
+    from nanoserve.loader import load_model
+    from nanoserve.zoo import resolve_model
+
+    return load_model(resolve_model("tiny-qwen3"), device="cpu")
+
+
+@pytest.mark.parametrize("prefix_caching", [False, True])
+def test_stress_random_arrivals_tiny_pool(tiny_engine_parts, prefix_caching):
+    from nanoserve.paged_cache import PagedKVCache
+    from nanoserve.prefix_cache import PrefixCachingKVCache
+
+    model, rng = tiny_engine_parts, random.Random(5)
+    cache = (PrefixCachingKVCache if prefix_caching else PagedKVCache)(model.config, num_blocks=20, block_size=4)
+    engine = LLMEngine(model, cache, max_num_seqs=6, max_num_batched_tokens=12)
+    stems = [[rng.randrange(1000) for _ in range(20)] for _ in range(3)]
+    seqs, step = [], 0
+    while step < 60 or engine.has_unfinished():
+        if step < 60 and rng.random() < 0.4:  # requests keep arriving for 60 steps
+            prompt = rng.choice(stems)[:rng.randint(1, 20)] + [rng.randrange(1000) for _ in range(rng.randint(0, 8))]
+            seqs.append(engine.add_request(prompt, SamplingParams(temperature=rng.choice([0, 1.0]),
+                                                                  max_tokens=rng.randint(1, 30), ignore_eos=True)))
+        if engine.has_unfinished():
+            engine.step()
+        step += 1
+        assert step < 2000, "the engine stopped making progress"
+    assert all(s.finish_reason == "length" and len(s.output_ids) == s.params.max_tokens for s in seqs)
+    assert all(r.num_tokens <= 12 and len(r.prefill) + len(r.decode) <= 6 for r in engine.steps)
+    assert not cache.blocks.block_tables and cache.blocks.num_free == 20  # no leak
+    assert sum(len(r.preempted) for r in engine.steps) > 0  # the tiny pool really forced preemptions
+
+
+@pytest.fixture(scope="module")
+def llm():
+    return LLM("tiny-qwen3", max_model_len=256, num_gpu_blocks_override=128, max_num_batched_tokens=64)
+
+
+def test_generate_takes_strings_token_ids_and_chats_and_keeps_order(llm):
+    prompts = ["Hello there", [1, 2, 3, 4], [{"role": "user", "content": "Hi!"}], "A longer prompt, " * 5]
+    params = [SamplingParams(temperature=0, max_tokens=m, ignore_eos=True) for m in (3, 5, 2, 4)]
+    outputs = llm.generate(prompts, params, use_tqdm=False)
+    assert [o.request_id for o in outputs] == [0, 1, 2, 3]
+    assert [len(o.outputs[0].token_ids) for o in outputs] == [3, 5, 2, 4]
+    assert outputs[0].prompt == "Hello there" and outputs[1].prompt_token_ids == [1, 2, 3, 4]
+    assert outputs[2].prompt.endswith("<|im_start|>assistant\n") or "assistant" in outputs[2].prompt
+    assert all(o.outputs[0].finish_reason == "length" and o.error is None for o in outputs)
+    # the same prompt alone gives the same tokens
+    alone = llm.generate(prompts[3], params[3], use_tqdm=False)[0]
+    assert alone.outputs[0].token_ids == outputs[3].outputs[0].token_ids
+
+
+def test_bad_requests_fail_alone(llm):
+    outputs = llm.generate(["", "fine", [5] * 300, [1.5]], SamplingParams(temperature=0, max_tokens=2), use_tqdm=False)
+    assert [o.outputs[0].finish_reason for o in outputs] == ["error", "length", "error", "error"]
+    assert "empty" in outputs[0].error and "max_model_len" in outputs[2].error and "token ids" in outputs[3].error
+
+
+def test_stream_yields_each_token_as_it_comes(llm):
+    params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+    events = list(llm.stream(["Hello there", "Bye"], params))
+    per_prompt = {i: [t for j, _, t, _ in events if j == i] for i in (0, 1)}
+    final = llm.generate(["Hello there", "Bye"], params, use_tqdm=False)
+    assert per_prompt == {i: final[i].outputs[0].token_ids for i in (0, 1)}
+    assert [done for j, _, _, done in events if j == 0][-1] is True
+
+
+def test_unsupported_settings_are_clear_errors():
+    with pytest.raises(NotImplementedError, match="lesson 07"):
+        LLM("tiny-qwen3", tensor_parallel_size=2)
+    with pytest.raises(ValueError, match="gpu_memory_utilization"):
+        LLM("tiny-qwen3", gpu_memory_utilization=1.5)
