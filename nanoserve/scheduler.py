@@ -71,7 +71,9 @@ class Scheduler:
         # 2. Waiting sequences, in order, while budget, sequence cap and blocks allow.
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
-            if not self.chunked and seq.num_tokens > budget:  # without chunking a prompt goes in whole
+            # Without chunked prefill a prompt goes in whole. (A preempted sequence's recomputation may
+            # still be split: it can have outgrown any budget.)
+            if not self.chunked and not seq.num_preemptions and seq.num_tokens > budget:
                 break
             if not self.cache.blocks.can_allocate(seq.num_tokens):
                 break

@@ -116,3 +116,21 @@ def test_unsupported_settings_are_clear_errors():
         LLM("tiny-qwen3", tensor_parallel_size=2)
     with pytest.raises(ValueError, match="gpu_memory_utilization"):
         LLM("tiny-qwen3", gpu_memory_utilization=1.5)
+
+
+def test_without_chunked_prefill_prompts_go_whole_and_preempted_ones_still_resume(tiny_engine_parts):
+    from nanoserve.paged_cache import PagedKVCache
+
+    model = tiny_engine_parts
+    cache = PagedKVCache(model.config, num_blocks=12, block_size=4)
+    engine = LLMEngine(model, cache, max_num_seqs=4, max_num_batched_tokens=16, enable_chunked_prefill=False)
+    with pytest.raises(ValueError, match="chunked prefill is off"):
+        engine.add_request(list(range(20)), SamplingParams(max_tokens=2))
+    seqs = [engine.add_request(list(range(1, 13)), SamplingParams(temperature=0, max_tokens=30, ignore_eos=True))
+            for _ in range(3)]
+    while engine.has_unfinished():
+        batch_tokens = engine.step()
+        for seq, token in batch_tokens:  # a first prefill is never split
+            assert seq.num_preemptions or token is not None or seq.output_ids
+    assert all(len(s.output_ids) == 30 for s in seqs)
+    assert sum(len(r.preempted) for r in engine.steps) > 0
