@@ -72,6 +72,10 @@ def bench_transformers(model: str, prompts, max_tokens) -> dict:
 
 
 def main(model: str, baseline: bool, out: str | None, num_seqs: int) -> int:
+    if not torch.cuda.is_available() and num_seqs == 256:
+        print("nanoserve: bench measures a GPU; on a CPU the full workload would take hours "
+              "(try --num-seqs 4 --no-baseline --model tiny-qwen3 to see it run)", file=sys.stderr)
+        return 2
     prompts, max_tokens = workload(num_seqs)
     print(f"workload: {len(prompts)} requests, {sum(map(len, prompts)):,} prompt tokens, "
           f"{sum(max_tokens):,} output tokens", file=sys.stderr)

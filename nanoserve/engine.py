@@ -40,13 +40,17 @@ class LLMEngine:
 
     def add_request(self, prompt_ids: list[int], params: SamplingParams) -> Sequence:
         """Queue a request; a bad one raises ValueError here, before it can touch the batch."""
+        vocab = self.model.config.vocab_size
+        if not all(isinstance(t, int) and 0 <= t < vocab for t in prompt_ids):
+            raise ValueError(f"prompt token ids must be integers in [0, {vocab})")
         if len(prompt_ids) + params.max_tokens > self.max_model_len:
             raise ValueError(f"prompt of {len(prompt_ids)} tokens + max_tokens {params.max_tokens} exceeds "
                              f"max_model_len {self.max_model_len}")
         blocks = self.cache.blocks
-        if blocks.blocks_for(len(prompt_ids) + params.max_tokens) > blocks.num_blocks:
-            raise ValueError(f"prompt + max_tokens need {blocks.blocks_for(len(prompt_ids) + params.max_tokens)} "
-                             f"KV blocks but the pool has {blocks.num_blocks}: it can never fit")
+        most = len(prompt_ids) + params.max_tokens - 1  # the last token sampled never needs K/V
+        if blocks.blocks_for(most) > blocks.num_blocks:
+            raise ValueError(f"prompt + max_tokens need {blocks.blocks_for(most)} KV blocks but the pool has "
+                             f"{blocks.num_blocks}: it can never fit")
         if not self.scheduler.chunked and len(prompt_ids) > self.scheduler.max_num_batched_tokens:
             raise ValueError(f"a prompt of {len(prompt_ids)} tokens exceeds max_num_batched_tokens "
                              f"{self.scheduler.max_num_batched_tokens} and chunked prefill is off")
@@ -147,6 +151,8 @@ class LLM:
         """A string, a token-id list or chat messages -> (text or None, token ids)."""
         if isinstance(prompt, str):
             return prompt, self.tokenizer.encode(prompt)
+        if not isinstance(prompt, (list, tuple)):
+            raise ValueError("a prompt is a string, a list of token ids, or a list of chat messages (dicts)")
         if prompt and all(isinstance(m, dict) for m in prompt):
             ids = self.tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True,
                                                      enable_thinking=False)
@@ -173,11 +179,18 @@ class LLM:
             text, ids = None, []
             try:
                 text, ids = self._prompt_ids(prompt)
-                seqs[self.engine.add_request(ids, sp).seq_id] = i
+                seq = self.engine.add_request(ids, sp)
+                seqs[seq.seq_id] = (i, seq)
                 outputs.append(RequestOutput(i, text, ids, finished=False))
             except ValueError as e:  # this request fails alone
                 outputs.append(RequestOutput(i, text, ids, [CompletionOutput(0, "", [], "error")], True, str(e)))
         return outputs, seqs
+
+    def _abort(self, seqs) -> None:
+        """Drop this call's unfinished requests (an exception, or a stream abandoned early)."""
+        for _, seq in seqs.values():
+            if seq.status is not SequenceStatus.FINISHED:
+                self.engine.scheduler.abort(seq)
 
     @staticmethod
     def _complete(out: RequestOutput, seq: Sequence) -> None:
@@ -190,14 +203,17 @@ class LLM:
         outputs, seqs = self._submit(prompts, sampling_params)
         bar = tqdm(total=len(seqs), desc="generating", unit="req", disable=not use_tqdm)
         start, generated = time.perf_counter(), 0
-        while self.engine.has_unfinished():
-            for seq, token in self.engine.step():
-                generated += token is not None
-                if seq.status is SequenceStatus.FINISHED:
-                    self._complete(outputs[seqs[seq.seq_id]], seq)
-                    bar.update()
-            bar.set_postfix_str(f"{generated / (time.perf_counter() - start):.0f} tok/s")
-        bar.close()
+        try:
+            while self.engine.has_unfinished():
+                for seq, token in self.engine.step():
+                    generated += token is not None
+                    if seq.status is SequenceStatus.FINISHED:
+                        self._complete(outputs[seqs[seq.seq_id][0]], seq)
+                        bar.update()
+                bar.set_postfix_str(f"{generated / (time.perf_counter() - start):.0f} tok/s")
+        finally:
+            self._abort(seqs)
+            bar.close()
         return outputs
 
     def stream(self, prompts, sampling_params=None):
@@ -207,8 +223,10 @@ class LLM:
         for out in outputs:
             if out.error:
                 yield out.request_id, out.error, None, True
-        while self.engine.has_unfinished():
-            for seq, token in self.engine.step():
-                if token is None:
-                    continue
-                yield seqs[seq.seq_id], seq.new_text, token, seq.status is SequenceStatus.FINISHED
+        try:
+            while self.engine.has_unfinished():
+                for seq, token in self.engine.step():
+                    if token is not None:
+                        yield seqs[seq.seq_id][0], seq.new_text, token, seq.status is SequenceStatus.FINISHED
+        finally:  # also when the caller stops reading early
+            self._abort(seqs)

@@ -60,12 +60,13 @@ class PrefixCachingBlockManager(BlockManager):
         them. Call it once those tokens' K/V are computed, or are being computed in this step."""
         table, tokens, size = self.block_tables[seq_id], self.token_ids[seq_id], self.block_size
         first, end = self.num_named[seq_id], min(num_tokens, self.num_tokens[seq_id]) // size
-        hashes = prefix_hashes(tokens[:end * size], size)
-        for i in range(first, end):
-            block = table[i]
-            self.hash_of[block], self.parent_of[block] = hashes[i], hashes[i - 1] if i else None
-            self.tokens_of[block] = tuple(tokens[i * size:(i + 1) * size])
-            self.cached.setdefault(hashes[i], block)  # an equal block cached earlier stays the one found
+        parent = self.hash_of[table[first - 1]] if first else None  # continue the chain: no rehashing
+        for i in range(first, end):  # (empty on most decode steps: no block filled up)
+            block, block_tokens = table[i], tuple(tokens[i * size:(i + 1) * size])
+            h = block_hash(parent, block_tokens)
+            self.hash_of[block], self.parent_of[block], self.tokens_of[block] = h, parent, block_tokens
+            self.cached.setdefault(h, block)  # an equal block cached earlier stays the one found
+            parent = h
         self.num_named[seq_id] = max(first, end)
 
     def allocate(self, seq_id, token_ids: list[int], budget: int | None = None) -> int:

@@ -22,6 +22,9 @@ class ScheduledBatch:
 class Scheduler:
     def __init__(self, cache, max_num_seqs: int = 256, max_num_batched_tokens: int = 8192,
                  enable_chunked_prefill: bool = True):
+        if max_num_seqs < 1 or max_num_batched_tokens < 1:
+            raise ValueError(f"max_num_seqs and max_num_batched_tokens must be >= 1, got {max_num_seqs} "
+                             f"and {max_num_batched_tokens}")
         self.cache = cache  # a PagedKVCache (or PrefixCachingKVCache): its BlockManager is cache.blocks
         self.max_num_seqs, self.max_num_batched_tokens = max_num_seqs, max_num_batched_tokens
         self.chunked = enable_chunked_prefill
@@ -90,3 +93,11 @@ class Scheduler:
         seq.status = SequenceStatus.FINISHED
         self.running.remove(seq)
         self.cache.release(seq.seq_id)
+
+    def abort(self, seq: Sequence) -> None:
+        """Drop a sequence wherever it is (a caller gave up on it); its blocks go back to the pool."""
+        if seq in self.running:
+            self.finish(seq)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
+            seq.status = SequenceStatus.FINISHED

@@ -134,3 +134,29 @@ def test_without_chunked_prefill_prompts_go_whole_and_preempted_ones_still_resum
             assert seq.num_preemptions or token is not None or seq.output_ids
     assert all(len(s.output_ids) == 30 for s in seqs)
     assert sum(len(r.preempted) for r in engine.steps) > 0
+
+
+def test_out_of_range_token_ids_fail_alone_and_leave_the_llm_usable(llm):
+    vocab = llm.model.config.vocab_size
+    outputs = llm.generate(["fine", [vocab + 5], [-1], None], SamplingParams(temperature=0, max_tokens=2),
+                           use_tqdm=False)
+    assert [o.outputs[0].finish_reason for o in outputs] == ["length", "error", "error", "error"]
+    assert llm.generate(["fine"], SamplingParams(temperature=0, max_tokens=2), use_tqdm=False)[0].error is None
+
+
+def test_a_stream_stopped_early_frees_its_requests(llm):
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    stream = llm.stream(["Hello there", "Bye"], params)
+    next(stream)
+    stream.close()  # the caller stops reading
+    assert not llm.engine.has_unfinished() and not llm.cache.blocks.block_tables
+    assert len(llm.generate(["x"], params, use_tqdm=False)[0].outputs[0].token_ids) == 8
+
+
+def test_bench_refuses_the_full_workload_on_a_cpu(capsys):
+    from nanoserve.cli import main
+
+    if __import__("torch").cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    assert main(["bench"]) == 2
+    assert "measures a GPU" in capsys.readouterr().err
