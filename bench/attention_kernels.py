@@ -23,8 +23,8 @@ import triton
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.attention.bias import causal_lower_right
 
-from nanoserve import paged_attention as reference  # the torch CPU path: the definition
-from nanoserve import triton_attention as ta
+from nanoserve.kernels import paged as reference  # the torch CPU path: the definition
+from nanoserve.kernels import triton_paged as ta
 
 HEADS, KV_HEADS, HEAD_DIM, BLOCK_SIZE = 16, 8, 128, 16
 DTYPE = torch.bfloat16

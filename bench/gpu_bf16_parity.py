@@ -11,12 +11,12 @@ import time
 import torch
 import transformers
 
-from nanoserve.attention import NoCache
-from nanoserve.generate import generate
-from nanoserve.loader import load_model
-from nanoserve.naive import naive_generate
-from nanoserve.paged_cache import PagedKVCache
-from nanoserve.sampling_params import SamplingParams
+from nanoserve.cache.no_cache import NoCache
+from nanoserve.engine.generate import generate
+from nanoserve.model.loader import load_model
+from nanoserve.engine.naive import naive_generate
+from nanoserve.cache.paged import PagedKVCache
+from nanoserve.engine.sampling_params import SamplingParams
 from nanoserve.zoo import resolve_model
 
 
@@ -65,7 +65,7 @@ def main():
     paged_cache = PagedKVCache(ours.config, num_blocks=256, block_size=16, dtype=torch.bfloat16, device="cuda")
     paged = [c.token_ids for c in generate(ours, prompts, sp, cache=paged_cache)[0]]
     result["paged_triton_vs_contiguous_common_prefix"] = [agree(a, b) for a, b in zip(paged, contiguous)]
-    result["paged_blocks_returned"] = paged_cache.blocks.num_free == 256
+    result["paged_blocks_returned"] = paged_cache.block_manager.num_free == 256
 
     # Eager decode speed of lessons 02 and 03's static batch, for the record (lesson 06 adds CUDA graphs).
     for batch in (1, 16):

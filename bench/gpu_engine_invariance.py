@@ -7,8 +7,8 @@ import random
 
 import torch
 
-from nanoserve.engine import LLM
-from nanoserve.sampling_params import SamplingParams
+from nanoserve.engine.llm import LLM
+from nanoserve.engine.sampling_params import SamplingParams
 
 rng = random.Random(0)
 prompts = [[rng.randrange(5000) for _ in range(rng.randint(1, 60))] for _ in range(24)]
@@ -21,6 +21,6 @@ for caching in (False, True):
     small = LLM("tiny-qwen3", dtype=torch.float32, max_model_len=256, num_gpu_blocks_override=24,
                 max_num_batched_tokens=32, max_num_seqs=12, enable_prefix_caching=caching)
     batched = [o.outputs[0].token_ids for o in small.generate(prompts, params, use_tqdm=False)]
-    steps = small.engine.steps
+    stats = small.engine.stats
     print(f"H200 fp32, Triton kernels, prefix caching {caching}: all 24 equal alone vs batched: {alone == batched}; "
-          f"preemptions {sum(len(s.preempted) for s in steps)}, steps {len(steps)}")
+          f"preemptions {stats.preemptions}, steps {stats.steps}")

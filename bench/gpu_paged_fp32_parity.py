@@ -6,10 +6,10 @@ kernels add up in another order. In fp32 they must agree token for token.)
 """
 import torch
 
-from nanoserve.generate import generate
-from nanoserve.loader import load_model
-from nanoserve.paged_cache import PagedKVCache
-from nanoserve.sampling_params import SamplingParams
+from nanoserve.engine.generate import generate
+from nanoserve.model.loader import load_model
+from nanoserve.cache.paged import PagedKVCache
+from nanoserve.engine.sampling_params import SamplingParams
 from nanoserve.zoo import resolve_model
 
 m = load_model(resolve_model("qwen3-0.6b-random"), dtype=torch.float32, device="cuda")

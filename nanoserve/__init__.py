@@ -10,11 +10,11 @@ __version__ = "0.1.0"
 def __getattr__(name):
     """`from nanoserve import LLM, SamplingParams` without importing the engine until it is used."""
     if name == "LLM":
-        from nanoserve.engine import LLM
+        from nanoserve.engine.llm import LLM
 
         return LLM
     if name == "SamplingParams":
-        from nanoserve.sampling_params import SamplingParams
+        from nanoserve.engine.sampling_params import SamplingParams
 
         return SamplingParams
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -4,6 +4,7 @@ The workload is nano-vllm's bench: random.seed(0); 256 requests; prompts of rand
 token ids in [0, 10000); max_tokens randint(100, 1024); temperature 0.6; ignore_eos; max_model_len 4096;
 one warm-up call; throughput = output tokens / wall time.
 """
+import dataclasses
 import json
 import random
 import sys
@@ -20,13 +21,13 @@ def workload(num_seqs: int = 256, max_input_len: int = 1024, max_output_len: int
 
 
 def bench_nanoserve(model: str, prompts, max_tokens, max_model_len: int = 4096) -> dict:
-    from nanoserve.engine import LLM
-    from nanoserve.sampling_params import SamplingParams
+    from nanoserve.engine.llm import LLM
+    from nanoserve.engine.sampling_params import SamplingParams
 
     llm = LLM(model, max_model_len=max_model_len)
     params = [SamplingParams(temperature=0.6, ignore_eos=True, max_tokens=m) for m in max_tokens]
     llm.generate(["Benchmark: "], SamplingParams(max_tokens=16), use_tqdm=False)  # warm-up (kernel compiles)
-    first_step = len(llm.engine.steps)
+    before = dataclasses.replace(llm.engine.stats)  # the counters before the timed call
     if torch.cuda.is_available():
         torch.cuda.synchronize()
     start = time.perf_counter()
@@ -35,11 +36,13 @@ def bench_nanoserve(model: str, prompts, max_tokens, max_model_len: int = 4096) 
         torch.cuda.synchronize()
     seconds = time.perf_counter() - start
     tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
-    steps = llm.engine.steps[first_step:]
+    stats = llm.engine.stats
+    steps, prefill_steps = stats.steps - before.steps, stats.prefill_steps - before.prefill_steps
+    pool = llm.cache.block_manager
     return {"engine": "nanoserve (eager)", "seconds": seconds, "output_tokens": tokens, "tok_per_s": tokens / seconds,
-            "prefill_steps": sum(1 for s in steps if s.prefill), "decode_only_steps": sum(1 for s in steps if not s.prefill),
-            "preemptions": sum(len(s.preempted) for s in steps), "kv_blocks": llm.cache.blocks.num_blocks,
-            "block_size": llm.cache.blocks.block_size}
+            "prefill_steps": prefill_steps, "decode_only_steps": steps - prefill_steps,
+            "preemptions": stats.preemptions - before.preemptions, "kv_blocks": pool.num_blocks,
+            "block_size": pool.block_size}
 
 
 def bench_transformers(model: str, prompts, max_tokens) -> dict:

@@ -3,6 +3,7 @@
     nanoserve generate "Once upon a time" [--model NAME_OR_DIR] [--max-tokens N]
                        [--temperature T] [--seed S] [--chat]
     nanoserve prepare tiny-qwen3 smollm2-135m-instruct
+    nanoserve bench [--model NAME_OR_DIR] [--num-seqs N] [--no-baseline] [--out FILE]
 """
 import argparse
 import random
@@ -54,8 +55,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def generate(args) -> int:
-    from nanoserve.engine import LLM
-    from nanoserve.sampling_params import SamplingParams
+    from nanoserve.engine.llm import LLM
+    from nanoserve.engine.sampling_params import SamplingParams
 
     try:
         params = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,

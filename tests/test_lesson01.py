@@ -4,9 +4,12 @@ import pytest
 from lesson_source import generated_lesson
 import torch
 
-from nanoserve import attention, model, naive
+from nanoserve.cache import no_cache
+from nanoserve.engine import naive
+from nanoserve.kernels import attention
+from nanoserve.model import qwen3 as model
 from nanoserve.checks import lesson01 as checks
-from nanoserve.model import rope_cos_sin
+from nanoserve.model.qwen3 import rope_cos_sin
 
 
 
@@ -23,7 +26,7 @@ def exercises(ns):
     }
 
 
-PACKAGE = {**vars(model), **vars(attention)}
+PACKAGE = {**vars(model), **vars(attention), **vars(no_cache)}
 
 
 @pytest.mark.parametrize("name", list(exercises(PACKAGE)))
@@ -44,7 +47,7 @@ def lesson_namespace():
     ns = {"__name__": "lesson01"}
     for cell in nb["cells"]:
         source = "".join(cell["source"])
-        if source.startswith("#| export loader"):
+        if source.startswith("#| export model.loader"):
             break
         if cell["cell_type"] == "code" and source.startswith("#| export"):
             exec(compile(source, "lesson01", "exec"), ns)

@@ -9,11 +9,13 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from nanoserve import block_manager, paged_attention, paged_cache
-from nanoserve.block_manager import BlockManager, OutOfBlocks
+from nanoserve.cache import block_manager
+from nanoserve.cache import paged as paged_cache
+from nanoserve.kernels import paged as paged_attention
+from nanoserve.cache.block_manager import BlockManager, OutOfBlocks
 from nanoserve.checks import lesson03 as checks
 from nanoserve.checks.lesson03 import pool_problems
-from nanoserve.paged_cache import PagedKVCache
+from nanoserve.cache.paged import PagedKVCache
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -44,7 +46,7 @@ def lesson_namespace():
     for cell in nb["cells"]:
         source = "".join(cell["source"])
         # The exercise modules only: later cells import the engine's BlockManager over the learner's.
-        if cell["cell_type"] == "code" and source.split("\n")[0] in ("#| export", "#| export paged_attention"):
+        if cell["cell_type"] == "code" and source.split("\n")[0] in ("#| export", "#| export kernels.paged"):
             exec(compile(source, "lesson03", "exec"), ns)
     return ns
 
@@ -134,14 +136,14 @@ TestPool.settings = settings(max_examples=60, stateful_step_count=40, deadline=N
 
 
 def test_paged_cache_rejects_a_sequence_that_can_never_fit():
-    from nanoserve.config import ModelConfig
+    from nanoserve.model.config import ModelConfig
     from nanoserve.checks.lesson01 import TINY_CONFIGS, hf_tiny_model
 
     config = ModelConfig.from_hf(hf_tiny_model(**TINY_CONFIGS["qwen3 group=1 head_dim=64"]).config.to_dict())
     cache = PagedKVCache(config, num_blocks=4, block_size=4)
     with pytest.raises(ValueError, match="can never fit"):
-        cache.set_batch([0], [0], [17])
-    assert cache.blocks.num_free == 4
+        cache.reserve(0, [1] * 17)
+    assert cache.block_manager.num_free == 4
 
 
 def test_torch_paged_attention_skips_negative_slots():
@@ -159,7 +161,7 @@ nb = json.loads(sys.stdin.read())
 ns = {"__name__": "lesson03"}
 for cell in nb["cells"]:
     source = "".join(cell["source"])
-    if cell["cell_type"] == "code" and source.split("\\n")[0] == "#| export triton_attention":
+    if cell["cell_type"] == "code" and source.split("\\n")[0] == "#| export kernels.triton_paged":
         exec(compile(source, "lesson03", "exec"), ns)
 checks.check_triton_decode(ns["paged_decode_attention"])
 """

@@ -6,11 +6,11 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from nanoserve import prefix_cache
-from nanoserve.block_manager import OutOfBlocks
+from nanoserve.cache import prefix as prefix_cache
+from nanoserve.cache.block_manager import OutOfBlocks
 from nanoserve.checks import lesson04 as checks
-from nanoserve.checks.lesson04 import pool_problems
-from nanoserve.prefix_cache import PrefixCachingBlockManager, block_hash
+from nanoserve.checks.lesson04 import admit, pool_problems
+from nanoserve.cache.prefix import PrefixCachingBlockManager, block_hash
 
 
 
@@ -45,9 +45,9 @@ def lesson_namespace():
 def test_untouched_stub_fails_its_check(name):
     ns = lesson_namespace()
     number = name.split()[0]
-    if number == "4.3":  # isolate the free stub: lookup (4.2) solved
+    if number == "4.3":  # isolate the reference-counting stub: lookup (4.2) solved
         ns["PrefixCachingBlockManager"] = type("Hybrid", (PrefixCachingBlockManager,),
-                                               {"free": ns["PrefixCachingBlockManager"].free})
+                                               {"_return_blocks": ns["PrefixCachingBlockManager"]._return_blocks})
     with pytest.raises(NotImplementedError, match=f"Exercise {number}"):
         exercises(ns)[name]()
 
@@ -69,9 +69,10 @@ class SharedPrefixPool(RuleBasedStateMachine):
         tokens = stem[:cut] + tail
         seq, self.next_id = self.next_id, self.next_id + 1
         try:
-            cached = self.bm.allocate(seq, tokens)
+            cached = self.bm.allocate_prompt(seq, tokens)
         except OutOfBlocks:
             return
+        self.bm.commit(seq, tokens, len(tokens))  # a finished prefill step
         assert cached % 2 == 0 and cached <= len(tokens) - 1  # whole blocks; the last token is computed
         self.live[seq] = list(tokens)
 
@@ -80,10 +81,11 @@ class SharedPrefixPool(RuleBasedStateMachine):
     def append(self, data, new):
         seq = data.draw(st.sampled_from(sorted(self.live)))
         try:
-            self.bm.append(seq, len(new), new)
+            self.bm.append(seq, len(new))
         except OutOfBlocks:
             return
         self.live[seq] += new
+        self.bm.commit(seq, self.live[seq], len(self.live[seq]))
 
     @precondition(lambda self: self.live)
     @rule(data=st.data())
@@ -98,19 +100,19 @@ class SharedPrefixPool(RuleBasedStateMachine):
     def consistent(self):
         assert pool_problems(self.bm) == []
         for h, block in self.bm.cached.items():  # no cached hash names a block holding other tokens
-            assert self.bm.hash_of[block] == h and len(self.bm.tokens_of[block]) == 2
+            assert self.bm.records[block].hash == h and len(self.bm.records[block].tokens) == 2
         for seq, tokens in self.live.items():  # every full block of a live sequence holds its tokens
             table = self.bm.block_tables[seq]
             parent = None
             for i in range(len(tokens) // 2):
                 parent = block_hash(parent, tokens[2 * i:2 * i + 2])
-                assert self.bm.tokens_of[table[i]] == tuple(tokens[2 * i:2 * i + 2])
-                assert self.bm.hash_of[table[i]] == parent
+                assert self.bm.records[table[i]].tokens == tuple(tokens[2 * i:2 * i + 2])
+                assert self.bm.records[table[i]].hash == parent
 
     def teardown(self):
         for seq in list(self.live):
             self.bm.free(seq)
-        assert self.bm.num_free == 16 and not any(self.bm.ref_count)
+        assert self.bm.num_free == 16 and not any(r.ref_count for r in self.bm.records)
 
 
 TestSharedPrefixPool = SharedPrefixPool.TestCase
@@ -120,13 +122,13 @@ TestSharedPrefixPool.settings = settings(max_examples=80, stateful_step_count=50
 def test_a_forced_hash_collision_never_shares_a_wrong_block(monkeypatch):
     monkeypatch.setattr(prefix_cache, "block_hash", lambda parent, tokens: 42)  # every block collides
     bm = PrefixCachingBlockManager(num_blocks=8, block_size=2)
-    bm.allocate("a", [1, 2, 3, 4, 5])
-    assert bm.allocate("b", [6, 7, 8, 9, 10]) == 0
-    assert bm.allocate("c", [1, 2, 7, 7, 7]) == 2  # the true match on the first block is still found
+    admit(bm, "a", [1, 2, 3, 4, 5])
+    assert admit(bm, "b", [6, 7, 8, 9, 10]) == 0
+    assert admit(bm, "c", [1, 2, 7, 7, 7]) == 2  # the true match on the first block is still found
 
 
 def test_equal_tokens_after_another_prefix_are_not_shared(monkeypatch):
     monkeypatch.setattr(prefix_cache, "block_hash", lambda parent, tokens: hash(tuple(tokens)))  # forgets the parent
     bm = PrefixCachingBlockManager(num_blocks=8, block_size=2)
-    bm.allocate("a", [1, 2, 3, 4, 5])
-    assert bm.allocate("b", [3, 4, 9]) == 0  # [3, 4] at positions 0-1 is not a's [3, 4] at positions 2-3
+    admit(bm, "a", [1, 2, 3, 4, 5])
+    assert admit(bm, "b", [3, 4, 9]) == 0  # [3, 4] at positions 0-1 is not a's [3, 4] at positions 2-3

@@ -4,11 +4,12 @@ import random
 import pytest
 from lesson_source import generated_lesson
 
-from nanoserve import engine as engine_module
-from nanoserve import model_runner, scheduler
+from nanoserve.engine import llm_engine as engine_module
+from nanoserve.engine import model_runner, scheduler
 from nanoserve.checks import lesson05 as checks
-from nanoserve.engine import LLM, LLMEngine
-from nanoserve.sampling_params import SamplingParams
+from nanoserve.engine.llm import LLM
+from nanoserve.engine.llm_engine import LLMEngine
+from nanoserve.engine.sampling_params import SamplingParams
 
 ENGINE = {**vars(scheduler), **vars(model_runner), **vars(engine_module)}
 
@@ -35,7 +36,7 @@ def test_untouched_stub_fails_its_check(name):
     ns = {"__name__": "lesson05"}
     for cell in generated_lesson("05_scheduler")["cells"]:
         source = "".join(cell["source"])
-        if cell["cell_type"] == "code" and source.split("\n")[0] in ("#| export scheduler", "#| export model_runner"):
+        if cell["cell_type"] == "code" and source.split("\n")[0] in ("#| export engine.scheduler", "#| export engine.model_runner"):
             exec(compile(source, "lesson05", "exec"), ns)
     number = name.split()[0]
     if number == "5.2":  # isolate the preempt stub: admission (5.1) solved
@@ -46,7 +47,7 @@ def test_untouched_stub_fails_its_check(name):
 
 @pytest.fixture(scope="module")
 def tiny_engine_parts():
-    from nanoserve.loader import load_model
+    from nanoserve.model.loader import load_model
     from nanoserve.zoo import resolve_model
 
     return load_model(resolve_model("tiny-qwen3"), device="cpu")
@@ -54,12 +55,12 @@ def tiny_engine_parts():
 
 @pytest.mark.parametrize("prefix_caching", [False, True])
 def test_stress_random_arrivals_tiny_pool(tiny_engine_parts, prefix_caching):
-    from nanoserve.paged_cache import PagedKVCache
-    from nanoserve.prefix_cache import PrefixCachingKVCache
+    from nanoserve.cache.paged import PagedKVCache
+    from nanoserve.cache.prefix import PrefixCachingKVCache
 
     model, rng = tiny_engine_parts, random.Random(5)
     cache = (PrefixCachingKVCache if prefix_caching else PagedKVCache)(model.config, num_blocks=20, block_size=4)
-    engine = LLMEngine(model, cache, max_num_seqs=6, max_num_batched_tokens=12)
+    engine = LLMEngine(model, cache, max_num_seqs=6, max_num_batched_tokens=12, record_steps=10_000)
     stems = [[rng.randrange(1000) for _ in range(20)] for _ in range(3)]
     seqs, step = [], 0
     while step < 60 or engine.has_unfinished():
@@ -73,7 +74,7 @@ def test_stress_random_arrivals_tiny_pool(tiny_engine_parts, prefix_caching):
         assert step < 2000, "the engine stopped making progress"
     assert all(s.finish_reason == "length" and len(s.output_ids) == s.params.max_tokens for s in seqs)
     assert all(r.num_tokens <= 12 and len(r.prefill) + len(r.decode) <= 6 for r in engine.steps)
-    assert not cache.blocks.block_tables and cache.blocks.num_free == 20  # no leak
+    assert not cache.block_manager.block_tables and cache.block_manager.num_free == 20  # no leak
     assert sum(len(r.preempted) for r in engine.steps) > 0  # the tiny pool really forced preemptions
 
 
@@ -119,11 +120,11 @@ def test_unsupported_settings_are_clear_errors():
 
 
 def test_without_chunked_prefill_prompts_go_whole_and_preempted_ones_still_resume(tiny_engine_parts):
-    from nanoserve.paged_cache import PagedKVCache
+    from nanoserve.cache.paged import PagedKVCache
 
     model = tiny_engine_parts
     cache = PagedKVCache(model.config, num_blocks=12, block_size=4)
-    engine = LLMEngine(model, cache, max_num_seqs=4, max_num_batched_tokens=16, enable_chunked_prefill=False)
+    engine = LLMEngine(model, cache, max_num_seqs=4, max_num_batched_tokens=16, enable_chunked_prefill=False, record_steps=10_000)
     with pytest.raises(ValueError, match="chunked prefill is off"):
         engine.add_request(list(range(20)), SamplingParams(max_tokens=2))
     seqs = [engine.add_request(list(range(1, 13)), SamplingParams(temperature=0, max_tokens=30, ignore_eos=True))
@@ -149,7 +150,7 @@ def test_a_stream_stopped_early_frees_its_requests(llm):
     stream = llm.stream(["Hello there", "Bye"], params)
     next(stream)
     stream.close()  # the caller stops reading
-    assert not llm.engine.has_unfinished() and not llm.cache.blocks.block_tables
+    assert not llm.engine.has_unfinished() and not llm.cache.block_manager.block_tables
     assert len(llm.generate(["x"], params, use_tqdm=False)[0].outputs[0].token_ids) == 8
 
 

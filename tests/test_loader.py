@@ -6,9 +6,9 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from nanoserve.attention import NoCache
+from nanoserve.cache.no_cache import NoCache
 from nanoserve.checks.lesson01 import TINY_CONFIGS, hf_tiny_model
-from nanoserve.loader import eos_token_ids, load_model
+from nanoserve.model.loader import eos_token_ids, load_model
 
 
 def logits(model, ids=(1, 7, 42, 99, 3)):

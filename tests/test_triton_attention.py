@@ -22,8 +22,8 @@ pytest.importorskip("triton")
 import triton.language as tl  # noqa: E402
 from triton.runtime.interpreter import InterpretedFunction  # noqa: E402
 
-from nanoserve import paged_attention as reference  # noqa: E402  (the torch CPU path)
-from nanoserve import triton_attention as ta  # noqa: E402
+from nanoserve.kernels import paged as reference  # noqa: E402  (the torch CPU path)
+from nanoserve.kernels import triton_paged as ta  # noqa: E402
 
 # In a full pytest session another test module may have imported triton before this one (importing
 # transformers' models imports torch._dynamo, which imports triton): then this process can only

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Regenerate nanoserve/ modules and lessons/ notebooks from solutions/.
 
-solutions/NN_topic.ipynb are the single source of truth (DESIGN.md section 2):
+solutions/NN_topic.ipynb are the single source of truth (README: "How the repository is made"):
 
 * code cells that start with `#| export` or `#| export NAME` are joined, in
   notebook order, into nanoserve/<module>.py (`#| default_exp NAME` names the

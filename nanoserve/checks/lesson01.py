@@ -3,8 +3,8 @@ import torch
 import transformers
 from torch.nn import functional as F
 
-from nanoserve.attention import NoCache
-from nanoserve.config import ModelConfig
+from nanoserve.cache.no_cache import NoCache
+from nanoserve.model.config import ModelConfig
 from nanoserve.zoo import tiny_init
 
 # Small random models covering the shapes that matter: GQA groups 1, 2 and 4, head_dim 64 and 128,
@@ -142,7 +142,7 @@ def _layer_io(hf_model, layer_idx: int, input_ids: torch.Tensor):
 
 
 def check_decoder_layer(layer_cls, backend=None) -> None:
-    from nanoserve.model import rope_cos_sin
+    from nanoserve.model.qwen3 import rope_cos_sin
 
     backend = backend or NoCache()
     for name, shape in TINY_CONFIGS.items():
@@ -184,7 +184,7 @@ def hf_greedy(hf_model, prompt_ids: list[int], steps: int) -> list[int]:
 
 
 def check_greedy_tokens(generate_fn, model_cls=None, steps: int = 32) -> None:
-    from nanoserve.model import Qwen3ForCausalLM
+    from nanoserve.model.qwen3 import Qwen3ForCausalLM
 
     model_cls = model_cls or Qwen3ForCausalLM
     for name in ["qwen3 group=2 head_dim=128", "llama group=2 head_dim=64"]:

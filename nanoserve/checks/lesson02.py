@@ -40,9 +40,9 @@ def check_decode_attention(decode_attention) -> None:
 
 
 def check_generate(generate) -> None:
-    from nanoserve.model import Qwen3ForCausalLM
-    from nanoserve.naive import naive_generate
-    from nanoserve.sampling_params import SamplingParams
+    from nanoserve.model.qwen3 import Qwen3ForCausalLM
+    from nanoserve.engine.naive import naive_generate
+    from nanoserve.engine.sampling_params import SamplingParams
 
     prompts = [[5, 9, 2], [7], [11, 3, 8, 8, 1, 40, 2, 9], [4, 4], [100, 200, 300, 17, 9]]
     max_tokens = [12, 9, 4, 12, 1]
@@ -62,8 +62,8 @@ def check_generate(generate) -> None:
                                      f"forward {w}. Check positions and cache rows of each request.")
         running = [sum(1 for m in max_tokens if m > step) for step in range(1, max(max_tokens))]
         expected = [sum(map(len, prompts))] + running
-        if cache.tokens_per_forward != expected:
-            raise AssertionError(f"tokens per forward {cache.tokens_per_forward}, expected {expected}: the prompts "
+        if list(cache.tokens_per_forward) != expected:
+            raise AssertionError(f"tokens per forward {list(cache.tokens_per_forward)}, expected {expected}: the prompts "
                                  f"once, then one token per unfinished request")
         if [c.finish_reason for c in completions] != ["length"] * len(prompts):
             raise AssertionError(f"finish reasons {[c.finish_reason for c in completions]}, expected 'length'")

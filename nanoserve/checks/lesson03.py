@@ -104,9 +104,9 @@ def check_gather_kv(gather_kv) -> None:
 
 
 def check_paged_generate(cache_cls) -> None:
-    from nanoserve.generate import generate
-    from nanoserve.model import Qwen3ForCausalLM
-    from nanoserve.sampling_params import SamplingParams
+    from nanoserve.engine.generate import generate
+    from nanoserve.model.qwen3 import Qwen3ForCausalLM
+    from nanoserve.engine.sampling_params import SamplingParams
 
     block_size = 4
     # Prompt lengths just under, on and over block boundaries; outputs that cross several.
@@ -120,8 +120,8 @@ def check_paged_generate(cache_cls) -> None:
         got = [c.token_ids for c in generate(model, prompts, params, cache=cache)[0]]
         if got != want:
             raise AssertionError(f"{name}: paged {got} != contiguous {want}")
-        if cache.blocks.num_free != 32 or cache.blocks.block_tables:
-            raise AssertionError(f"{name}: blocks not all returned: {cache.blocks.num_free} of 32 free")
+        if cache.block_manager.num_free != 32 or cache.block_manager.block_tables:
+            raise AssertionError(f"{name}: blocks not all returned: {cache.block_manager.num_free} of 32 free")
     print("✓ paged cache: greedy tokens identical to the contiguous cache; every block returned")
 
 
@@ -149,7 +149,7 @@ def _kernel_setting():
 
 
 def check_triton_decode(paged_decode_attention) -> None:
-    from nanoserve import paged_attention as reference
+    from nanoserve.kernels import paged as reference
 
     device, dtype, atol = _kernel_setting()
     for lengths, heads, kv_heads, splits in [([1, 37, 200], 4, 2, 1), ([130, 64, 5], 8, 2, 3)]:
@@ -165,7 +165,7 @@ def check_triton_decode(paged_decode_attention) -> None:
 
 
 def check_triton_prefill(paged_prefill_attention) -> None:
-    from nanoserve import paged_attention as reference
+    from nanoserve.kernels import paged as reference
 
     device, dtype, atol = _kernel_setting()
     lengths, new = [70, 16, 33], [70, 5, 1]  # the first has no cached prefix, the others do

@@ -7,7 +7,7 @@ from nanoserve.checks.lesson01 import TINY_CONFIGS, hf_tiny_model, ours_from_hf
 
 
 def check_prefix_hashes(prefix_hashes) -> None:
-    from nanoserve.prefix_cache import block_hash
+    from nanoserve.cache.prefix import block_hash
 
     rng = random.Random(17)
     for n, size in [(0, 4), (3, 4), (4, 4), (11, 4), (64, 16)]:
@@ -34,21 +34,28 @@ def pool_problems(bm) -> list[str]:
     if len(set(free)) != len(free):
         problems.append("a block is free twice")
     for b in range(bm.num_blocks):
-        if bm.ref_count[b] != holders[b]:
-            problems.append(f"block {b}: ref_count {bm.ref_count[b]} but {holders[b]} block tables hold it")
+        if bm.records[b].ref_count != holders[b]:
+            problems.append(f"block {b}: ref_count {bm.records[b].ref_count} but {holders[b]} block tables hold it")
         if (b in free) == (holders[b] > 0):
             problems.append(f"block {b} is {'both free and used' if holders[b] else 'neither free nor used'}")
     for h, b in bm.cached.items():
-        if bm.hash_of[b] != h:
-            problems.append(f"cached hash {h} points to block {b}, whose hash is {bm.hash_of[b]}")
-    for b in range(bm.num_blocks):
-        if bm.hash_of[b] is not None and bm.tokens_of[b] is None:
-            problems.append(f"block {b} has a hash but no tokens")
+        if bm.records[b].hash != h:
+            problems.append(f"cached hash {h} points to block {b}, whose hash is {bm.records[b].hash}")
+    for b in bm.free_blocks:
+        if bm.records[b].hash is not None:
+            problems.append(f"block {b} is free (not evictable) but still named")
     return problems
 
 
+def admit(bm, seq, tokens) -> int:
+    """Allocate a prompt, then commit it as a finished prefill step would; returns the cached tokens."""
+    cached = bm.allocate_prompt(seq, tokens)
+    bm.commit(seq, tokens, len(tokens))
+    return cached
+
+
 def check_prefix_manager(manager_cls) -> None:
-    from nanoserve.prefix_cache import block_hash
+    from nanoserve.cache.prefix import block_hash
 
     prompt = list(range(100, 110))  # 10 tokens: blocks of 4 -> [4 full][4 full][2]
     bm = manager_cls(num_blocks=10, block_size=4)
@@ -56,43 +63,47 @@ def check_prefix_manager(manager_cls) -> None:
               ("the first 8 tokens (its last token is recomputed)", "c", prompt[:8], 4),
               ("a different prompt", "d", [7] * 10, 0)]
     for what, seq, tokens, cached in checks:
-        got = bm.allocate(seq, tokens)
+        got = admit(bm, seq, tokens)
         if got != cached:
-            raise AssertionError(f"allocate for {what} reported {got} cached tokens, want {cached}")
+            raise AssertionError(f"allocate_prompt for {what} reported {got} cached tokens, want {cached}")
         if pool_problems(bm):
             raise AssertionError(f"after allocating {what}: {pool_problems(bm)}")
-    if bm.block_tables["a"][:2] != bm.block_tables["b"][:2] or bm.ref_count[bm.block_tables["a"][0]] != 3:
+    if bm.block_tables["a"][:2] != bm.block_tables["b"][:2] or bm.records[bm.block_tables["a"][0]].ref_count != 3:
         raise AssertionError("a duplicate must share the first blocks, and each shared block counts its holders")
+    early = manager_cls(num_blocks=10, block_size=4)
+    early.allocate_prompt("u", prompt)  # allocated, never committed: its step never finished
+    if early.allocate_prompt("v", prompt) != 0:
+        raise AssertionError("a block was found before a finished step committed its K/V")
     for seq in "abcd":
         bm.free(seq)
         if pool_problems(bm):
             raise AssertionError(f"after freeing {seq!r}: {pool_problems(bm)}")
     if bm.num_free != 10:
         raise AssertionError(f"{bm.num_free} of 10 blocks free after every sequence finished")
-    if bm.allocate("e", prompt) != 8:
+    if admit(bm, "e", prompt) != 8:
         raise AssertionError("a finished sequence's blocks stay cached until their space is needed")
     bm.free("e")
     # A forged cache entry (a hash collision) must not be trusted: the tokens are compared.
     other = list(range(500, 510))
     bm.cached[block_hash(None, other[:4])] = bm.cached[block_hash(None, prompt[:4])]
-    if bm.allocate("f", other) != 0:
-        raise AssertionError("a block was shared on a hash match whose tokens differ (compare tokens_of)")
+    if admit(bm, "f", other) != 0:
+        raise AssertionError("a block was shared on a hash match whose tokens differ (compare the record's tokens)")
     bm.free("f")
     # The same tokens after a different prefix are different K/V: a forged match on them must fail too.
     mixed = list(range(200, 204)) + prompt[:4] + [1, 2]
-    bm.allocate("g", mixed[:5])  # caches mixed's first block
+    admit(bm, "g", mixed[:5])  # caches mixed's first block
     bm.free("g")
     bm.cached[block_hash(block_hash(None, mixed[:4]), mixed[4:8])] = bm.cached[block_hash(None, prompt[:4])]
-    if bm.allocate("h", mixed) != 4:
+    if admit(bm, "h", mixed) != 4:
         raise AssertionError("a block was shared on a hash match whose parent differs (compare the parent hash too)")
     bm.free("h")
     # LRU: when no never-used block is left, the least recently freed cached block goes first.
     bm = manager_cls(num_blocks=5, block_size=2)
     for seq, tokens in [("x", [1, 2, 3]), ("y", [4, 5, 6])]:  # each: one full (cached) block + one partial
-        bm.allocate(seq, tokens)
+        admit(bm, seq, tokens)
     bm.free("x")
     bm.free("y")  # evictable now: x's full block, then y's
-    bm.allocate("z", list(range(7, 15)))  # 4 blocks: the 3 uncached free ones, then one eviction
+    admit(bm, "z", list(range(7, 15)))  # 4 blocks: the 3 uncached free ones, then one eviction
     if block_hash(None, [1, 2]) in bm.cached or block_hash(None, [4, 5]) not in bm.cached:
         raise AssertionError("eviction must take the least recently freed cached block (x's) first")
     # A random workload with heavy overlap, against the invariants.
@@ -109,12 +120,13 @@ def check_prefix_manager(manager_cls) -> None:
             seq = rng.choice(sorted(live))
             new = [rng.randrange(50) for _ in range(rng.randint(1, 4))]
             if bm.can_append(seq, len(new)):
-                bm.append(seq, len(new), new)
+                bm.append(seq, len(new))
                 live[seq] += new
+                bm.commit(seq, live[seq], len(live[seq]))
         else:
             tokens = rng.choice(stems)[: rng.randint(1, 12)] + [rng.randrange(50) for _ in range(rng.randint(0, 5))]
             if bm.can_allocate(len(tokens)):
-                bm.allocate(step, tokens)
+                admit(bm, step, tokens)
                 live[step] = tokens
         if pool_problems(bm):
             raise AssertionError(f"after {step + 1} random operations: {pool_problems(bm)[:3]}")
@@ -122,14 +134,15 @@ def check_prefix_manager(manager_cls) -> None:
         bm.free(seq)
     if bm.num_free != 30:
         raise AssertionError("blocks leaked after all sequences finished")
-    print("✓ prefix-caching manager: sharing, reference counts, collision guard, LRU eviction, 500 random operations")
+    print("✓ prefix-caching manager: sharing after commit, reference counts, collision guard, LRU eviction, "
+          "500 random operations")
 
 
 def check_prefix_generate(cache_cls) -> None:
-    from nanoserve.generate import generate
-    from nanoserve.model import Qwen3ForCausalLM
-    from nanoserve.paged_cache import PagedKVCache
-    from nanoserve.sampling_params import SamplingParams
+    from nanoserve.engine.generate import generate
+    from nanoserve.model.qwen3 import Qwen3ForCausalLM
+    from nanoserve.cache.paged import PagedKVCache
+    from nanoserve.engine.sampling_params import SamplingParams
 
     model = ours_from_hf(Qwen3ForCausalLM, hf_tiny_model(**TINY_CONFIGS["qwen3 group=2 head_dim=128"], seed=18, tie=False))
     rng = random.Random(19)
@@ -142,16 +155,19 @@ def check_prefix_generate(cache_cls) -> None:
         for prompts in rounds(outputs):
             before = len(cache.tokens_per_forward)
             done, _ = generate(model, prompts, params, cache=cache)
-            computed += cache.tokens_per_forward[before]
+            computed += list(cache.tokens_per_forward)[before]
             outputs.append([c.token_ids for c in done])
         return outputs, computed
 
-    def shared_system(_):
-        yield [system + [rng_i] * k for rng_i, k in [(3, 2), (5, 7), (9, 1)]]
+    def shared_system(_):  # blocks become shareable once the step computing them has finished
+        users = [system + [rng_i] * k for rng_i, k in [(3, 2), (5, 7), (9, 1)]]
+        yield users[:1]
+        yield users[1:]
 
     duplicates = [[rng.randrange(512) for _ in range(11)]] * 3
 
     def exact_duplicates(_):
+        yield duplicates[:1]
         yield duplicates
 
     chat = [system + [1, 2, 3], system + [4, 5]]

@@ -1,6 +1,6 @@
 """Checks for lesson 05 (the scheduler). Oracles: hand-worked scheduling cases, and each prompt run alone."""
 from nanoserve.checks.lesson01 import TINY_CONFIGS, hf_tiny_model
-from nanoserve.config import ModelConfig
+from nanoserve.model.config import ModelConfig
 
 
 def _tiny_config():
@@ -8,8 +8,8 @@ def _tiny_config():
 
 
 def _seq(seq_id, n_prompt, max_tokens=8):
-    from nanoserve.sampling_params import SamplingParams
-    from nanoserve.sequence import Sequence
+    from nanoserve.engine.sampling_params import SamplingParams
+    from nanoserve.engine.sequence import Sequence
 
     return Sequence(seq_id, list(range(1, n_prompt + 1)), SamplingParams(temperature=0, max_tokens=max_tokens), 0)
 
@@ -23,8 +23,8 @@ def _run(scheduler, batch):
 
 
 def check_scheduler(scheduler_cls) -> None:
-    from nanoserve.paged_cache import PagedKVCache
-    from nanoserve.sequence import SequenceStatus
+    from nanoserve.cache.paged import PagedKVCache
+    from nanoserve.engine.sequence import SequenceStatus
 
     config = _tiny_config()
     # Chunked prefill: a 20-token prompt with a budget of 8 comes in chunks of 8, 8, 4, while an earlier
@@ -62,13 +62,13 @@ def check_scheduler(scheduler_cls) -> None:
                              f"{[q.seq_id for q in batch.seqs]}; want sequence 1 (the newest) preempted, 0 running")
     if b.status is not SequenceStatus.PREEMPTED or b.num_computed != 0 or s.waiting[0] is not b:
         raise AssertionError("a preempted sequence is PREEMPTED, has num_computed 0, and waits at the front")
-    if 1 in s.cache.blocks.block_tables:
+    if 1 in s.cache.block_manager.block_tables:
         raise AssertionError("a preempted sequence's blocks go back to the pool")
     print("✓ scheduler: running first, chunked prefill within the token budget, max_num_seqs, newest preempted")
 
 
 def check_prepare_inputs(prepare_inputs) -> None:
-    from nanoserve.scheduler import ScheduledBatch
+    from nanoserve.engine.scheduler import ScheduledBatch
 
     mid, last, decode = _seq(0, 10), _seq(1, 6), _seq(2, 3)
     mid.num_computed = 2  # computes tokens 2..5 now, 4 more later: no sample
@@ -77,21 +77,21 @@ def check_prepare_inputs(prepare_inputs) -> None:
     decode.append(9)  # decoding: token 9 at position 3
     batch = ScheduledBatch([mid, last, decode], [4, 2, 1])
     got = prepare_inputs(batch)
-    want = ([3, 4, 5, 6, 5, 6, 9], [2, 3, 4, 5, 4, 5, 3], [1, 2], [5, 6])
-    if tuple(map(list, got)) != want:
-        raise AssertionError(f"prepare_inputs gave {got}, want {want} (input ids, positions, sequences that "
-                             f"sample, their rows)")
-    print("✓ prepare_inputs: flat ids and positions; only sequences whose tokens are all computed sample")
+    want = ([(0, 2, [3, 4, 5, 6]), (1, 4, [5, 6]), (2, 3, [9])], [False, True, True])
+    if (list(map(tuple, got[0])), list(got[1])) != want:
+        raise AssertionError(f"prepare_inputs gave {got}, want {want} ((seq_id, first new position, new token ids) "
+                             f"per sequence, and which sequences sample)")
+    print("✓ prepare_inputs: each sequence's new tokens and first position; only finished prefixes sample")
 
 
 def check_batch_invariance(engine_cls) -> None:
     import random
 
     from nanoserve.checks.lesson01 import ours_from_hf
-    from nanoserve.model import Qwen3ForCausalLM
-    from nanoserve.paged_cache import PagedKVCache
-    from nanoserve.prefix_cache import PrefixCachingKVCache
-    from nanoserve.sampling_params import SamplingParams
+    from nanoserve.model.qwen3 import Qwen3ForCausalLM
+    from nanoserve.cache.paged import PagedKVCache
+    from nanoserve.cache.prefix import PrefixCachingKVCache
+    from nanoserve.engine.sampling_params import SamplingParams
 
     model = ours_from_hf(Qwen3ForCausalLM, hf_tiny_model(**TINY_CONFIGS["qwen3 group=2 head_dim=128"], seed=20, tie=False))
     rng = random.Random(21)
@@ -108,7 +108,7 @@ def check_batch_invariance(engine_cls) -> None:
         chunks = 0
         while engine.has_unfinished():
             chunks += sum(token is None for _, token in engine.step())
-        preemptions = sum(len(r.preempted) for r in engine.steps)
+        preemptions = engine.stats.preemptions
         return [s.output_ids for s in seqs], preemptions, chunks, cache
 
     alone = [run(PagedKVCache(model.config, num_blocks=64, block_size=4), 256, [r])[0][0] for r in requests]
@@ -120,7 +120,7 @@ def check_batch_invariance(engine_cls) -> None:
                 raise AssertionError(f"{cache_cls.__name__}: request {i} gave {got} in the batch, {want} alone")
         if preemptions == 0 or chunks == 0:
             raise AssertionError(f"the test did not exercise preemption ({preemptions}) or chunked prefill ({chunks})")
-        if cache.blocks.block_tables or cache.blocks.num_free != 14:
+        if cache.block_manager.block_tables or cache.block_manager.num_free != 14:
             raise AssertionError("blocks leaked: not every block is back in the pool after all requests finished")
     print(f"✓ 32 requests give the same tokens alone and batched, with {preemptions} preemptions and {chunks} "
           f"prefill chunks, with and without prefix caching; no block leaked")

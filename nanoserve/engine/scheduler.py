@@ -5,29 +5,29 @@
 from collections import deque
 from dataclasses import dataclass, field
 
-from nanoserve.sequence import Sequence, SequenceStatus
+from nanoserve.cache.block_manager import OutOfBlocks
+from nanoserve.cache.protocol import KVCache
+from nanoserve.engine.sequence import Sequence, SequenceStatus
 
 
 @dataclass
 class ScheduledBatch:
     seqs: list[Sequence] = field(default_factory=list)
     num_new: list[int] = field(default_factory=list)  # tokens each sequence computes in this step
+    decoding: list[bool] = field(default_factory=list)  # its one new token is the one it sampled last step
     preempted: list[Sequence] = field(default_factory=list)
 
     def add(self, seq: Sequence, n: int) -> None:
         self.seqs.append(seq)
         self.num_new.append(n)
+        self.decoding.append(n == 1 and seq.num_output_tokens > 0 and seq.num_computed == seq.num_tokens - 1)
 
 
-class Scheduler:
-    def __init__(self, cache, max_num_seqs: int = 256, max_num_batched_tokens: int = 8192,
-                 enable_chunked_prefill: bool = True):
-        if max_num_seqs < 1 or max_num_batched_tokens < 1:
-            raise ValueError(f"max_num_seqs and max_num_batched_tokens must be >= 1, got {max_num_seqs} "
-                             f"and {max_num_batched_tokens}")
-        self.cache = cache  # a PagedKVCache (or PrefixCachingKVCache): its BlockManager is cache.blocks
-        self.max_num_seqs, self.max_num_batched_tokens = max_num_seqs, max_num_batched_tokens
-        self.chunked = enable_chunked_prefill
+class SequenceQueues:
+    """The scheduler's state: who waits, who runs, and the moves between them."""
+
+    def __init__(self, cache: KVCache):
+        self.cache = cache
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # in admission order: the last one is preempted first
 
@@ -46,49 +46,6 @@ class Scheduler:
         self.running.remove(seq)
         self.waiting.appendleft(seq)
 
-    def _can_grow(self, seq: Sequence, n: int) -> bool:
-        """Are there blocks for seq to compute n more tokens?"""
-        blocks = self.cache.blocks
-        extra = seq.num_computed + n - blocks.num_tokens[seq.seq_id]
-        return extra <= 0 or blocks.can_append(seq.seq_id, extra)
-
-    def schedule(self) -> ScheduledBatch:
-        batch, budget = ScheduledBatch(), self.max_num_batched_tokens
-        # 1. Running sequences, oldest first: a decode token, or the next chunk of a split prompt.
-        queue = list(self.running)
-        while queue and budget > 0:
-            seq = queue.pop(0)
-            n = min(seq.num_tokens - seq.num_computed, budget)
-            while not self._can_grow(seq, n):  # out of blocks: preempt the newest, maybe seq itself
-                victim = queue.pop() if queue else seq
-                self.preempt(victim)
-                batch.preempted.append(victim)
-                if victim is seq:
-                    break
-            if seq.status is SequenceStatus.RUNNING:
-                extra = seq.num_computed + n - self.cache.blocks.num_tokens[seq.seq_id]
-                if extra > 0:  # take its new blocks now, before waiting sequences are admitted
-                    self.cache.grow(seq.seq_id, extra, seq.token_ids[-extra:])
-                batch.add(seq, n)
-                budget -= n
-        # 2. Waiting sequences, in order, while budget, sequence cap and blocks allow.
-        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
-            seq = self.waiting[0]
-            # Without chunked prefill a prompt goes in whole. (A preempted sequence's recomputation may
-            # still be split: it can have outgrown any budget.)
-            if not self.chunked and not seq.num_preemptions and seq.num_tokens > budget:
-                break
-            if not self.cache.blocks.can_allocate(seq.num_tokens):
-                break
-            cached = self.cache.reserve(seq.seq_id, seq.token_ids, budget)  # prefix caching: skip what is cached
-            self.waiting.popleft()
-            seq.num_computed, seq.status = cached, SequenceStatus.RUNNING
-            self.running.append(seq)
-            n = min(seq.num_tokens - cached, budget)
-            batch.add(seq, n)
-            budget -= n
-        return batch
-
     def finish(self, seq: Sequence) -> None:
         seq.status = SequenceStatus.FINISHED
         self.running.remove(seq)
@@ -101,3 +58,52 @@ class Scheduler:
         elif seq in self.waiting:
             self.waiting.remove(seq)
             seq.status = SequenceStatus.FINISHED
+
+
+class Scheduler(SequenceQueues):
+    """Fills each step up to a token budget; the engine's only allocator (cache.reserve, cache.grow)."""
+
+    def __init__(self, cache: KVCache, max_num_seqs: int = 256, max_num_batched_tokens: int = 8192,
+                 enable_chunked_prefill: bool = True):
+        if max_num_seqs < 1 or max_num_batched_tokens < 1:
+            raise ValueError(f"max_num_seqs and max_num_batched_tokens must be >= 1, got {max_num_seqs} "
+                             f"and {max_num_batched_tokens}")
+        super().__init__(cache)
+        self.max_num_seqs, self.max_num_batched_tokens = max_num_seqs, max_num_batched_tokens
+        self.chunked = enable_chunked_prefill
+
+    def schedule(self) -> ScheduledBatch:
+        batch, budget = ScheduledBatch(), self.max_num_batched_tokens
+        # 1. Running sequences, oldest first: a decode token, or the next chunk of a split prompt.
+        queue = deque(self.running)
+        while queue and budget > 0:
+            seq = queue.popleft()
+            n = min(seq.num_tokens - seq.num_computed, budget)
+            # Out of blocks: preempt the newest running sequence (maybe seq itself) until seq fits.
+            while not self.cache.grow(seq.seq_id, seq.num_computed + n):
+                victim = queue.pop() if queue else seq
+                self.preempt(victim)
+                batch.preempted.append(victim)
+                if victim is seq:
+                    break
+            if seq.status is SequenceStatus.RUNNING:
+                batch.add(seq, n)
+                budget -= n
+        # 2. Waiting sequences, in order, while budget, sequence cap and blocks allow.
+        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+            seq = self.waiting[0]
+            # Without chunked prefill a prompt goes in whole. (A preempted sequence's recomputation may
+            # still be split: it can have outgrown any budget.)
+            if not self.chunked and not seq.num_preemptions and seq.num_tokens > budget:
+                break
+            try:
+                cached = self.cache.reserve(seq.seq_id, seq.token_ids)  # prefix caching: skip what is cached
+            except OutOfBlocks:
+                break
+            self.waiting.popleft()
+            seq.num_computed, seq.status = cached, SequenceStatus.RUNNING
+            self.running.append(seq)
+            n = min(seq.num_tokens - cached, budget)
+            batch.add(seq, n)
+            budget -= n
+        return batch

@@ -15,8 +15,8 @@ class BlockManager:
             raise ValueError(f"need num_blocks >= 1 and block_size >= 1, got {num_blocks} and {block_size}")
         self.num_blocks, self.block_size = num_blocks, block_size
         self.free_blocks = deque(range(num_blocks))
-        self.block_tables: dict = {}  # sequence id -> its physical block ids, in logical order
-        self.num_tokens: dict = {}  # sequence id -> how many tokens it has stored
+        self.block_tables: dict = {}  # seq_id -> its physical block ids, in logical order
+        self.num_tokens: dict = {}  # seq_id -> how many of its tokens have a slot
 
     def blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)  # ceil division
@@ -30,6 +30,15 @@ class BlockManager:
 
     def allocate(self, seq_id, num_tokens: int) -> list[int]:
         """Give a new sequence blocks for its first num_tokens tokens; returns its block table."""
+        needed = self._check_new(seq_id, num_tokens)
+        if needed > self.num_free:
+            raise OutOfBlocks(f"sequence {seq_id!r} needs {needed} blocks, {self.num_free} are free")
+        self.block_tables[seq_id] = [self._take_block() for _ in range(needed)]
+        self.num_tokens[seq_id] = num_tokens
+        return self.block_tables[seq_id]
+
+    def _check_new(self, seq_id, num_tokens: int) -> int:
+        """Errors a new sequence can never get past; returns the blocks it needs."""
         if seq_id in self.block_tables:
             raise ValueError(f"sequence {seq_id!r} already has blocks")
         if num_tokens < 1:
@@ -38,11 +47,7 @@ class BlockManager:
         if needed > self.num_blocks:
             raise ValueError(f"sequence {seq_id!r} needs {needed} blocks for {num_tokens} tokens but the whole "
                              f"pool has {self.num_blocks}: it can never fit")
-        if needed > self.num_free:
-            raise OutOfBlocks(f"sequence {seq_id!r} needs {needed} blocks, {self.num_free} are free")
-        self.block_tables[seq_id] = [self.free_blocks.popleft() for _ in range(needed)]
-        self.num_tokens[seq_id] = num_tokens
-        return self.block_tables[seq_id]
+        return needed
 
     def can_append(self, seq_id, n: int = 1) -> bool:
         return self.blocks_for(self.num_tokens[seq_id] + n) - len(self.block_tables[seq_id]) <= self.num_free
@@ -55,7 +60,7 @@ class BlockManager:
         needed = self.blocks_for(self.num_tokens[seq_id] + n) - len(table)
         if needed > self.num_free:
             raise OutOfBlocks(f"sequence {seq_id!r} needs {needed} more blocks, {self.num_free} are free")
-        new = [self.free_blocks.popleft() for _ in range(needed)]
+        new = [self._take_block() for _ in range(needed)]
         table.extend(new)
         self.num_tokens[seq_id] += n
         return new
@@ -64,8 +69,25 @@ class BlockManager:
         """Return all of a sequence's blocks to the pool."""
         if seq_id not in self.block_tables:
             raise KeyError(f"sequence {seq_id!r} has no blocks (never allocated, or freed already)")
-        self.free_blocks.extend(self.block_tables.pop(seq_id))
+        self._return_blocks(self.block_tables.pop(seq_id))
         del self.num_tokens[seq_id]
+
+    def _take_block(self) -> int:
+        """A block for new content: the oldest free one (lesson 04 may evict a cached block instead)."""
+        return self.free_blocks.popleft()
+
+    def _return_blocks(self, blocks: list[int]) -> None:
+        self.free_blocks.extend(blocks)  # usable by any sequence right away (lesson 04 keeps their content)
+
+    def allocate_prompt(self, seq_id, prompt_ids: list[int]) -> int:
+        """Blocks for a new sequence's whole prompt; returns how many of its tokens are already cached:
+        none here (lesson 04's manager shares cached blocks)."""
+        self.allocate(seq_id, len(prompt_ids))
+        return 0
+
+    def commit(self, seq_id, token_ids: list[int], num_computed: int) -> None:
+        """A step finished with the first num_computed tokens' K/V written. Nothing to do here; lesson 04's
+        manager makes their full blocks findable by content at this moment, not before."""
 
     def slot(self, seq_id, position: int) -> int:
         """Where token `position` of a sequence lives in the pool: block id * block_size + offset."""

@@ -9,8 +9,8 @@ import torch
 from safetensors import safe_open
 from tqdm.auto import tqdm
 
-from nanoserve.config import ModelConfig
-from nanoserve.model import Qwen3ForCausalLM
+from nanoserve.model.config import ModelConfig
+from nanoserve.model.qwen3 import Qwen3ForCausalLM
 
 # Tensors some checkpoints carry that we recompute instead of loading.
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)

@@ -9,8 +9,8 @@ context_lens count them.
 """
 import torch
 
-from nanoserve.attention import causal_attention
-from nanoserve.kv_cache import decode_attention
+from nanoserve.kernels.attention import causal_attention
+from nanoserve.kernels.contiguous import decode_attention
 
 
 def store_kv(k_cache, v_cache, slot_mapping, k, v) -> None:

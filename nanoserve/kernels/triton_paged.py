@@ -9,7 +9,7 @@ A sequence's block_tables row lists its block ids in order (padded with -1); con
 the tokens of sequence b whose K/V are in the cache, the new ones included (K/V are stored first).
 Query head h reads kv head h // group, group = num_heads // num_kv_heads (grouped-query attention).
 
-Every kernel has a plain-torch twin with the same arguments in nanoserve/paged_attention.py (the CPU
+Every kernel has a plain-torch twin with the same arguments in nanoserve/kernels/paged.py (the CPU
 path); the tests compare the two. Read the torch version first: it is the definition.
 """
 import torch
@@ -27,7 +27,7 @@ def _store_kv_kernel(k_cache, v_cache, slot_mapping, k, v, stride_k, stride_v,
     # One program per new token: copy its whole [kv_heads * D] row of K and of V into its slot.
     i = tl.program_id(0)
     slot = tl.load(slot_mapping + i).to(tl.int64)  # int64: slot * ROW can pass 2**31 in a big cache
-    if slot < 0:  # slot -1 = a padding token (CUDA graphs run fixed-size batches): write nothing
+    if slot < 0:  # slot -1 = a token whose K/V are kept nowhere (e.g. padding): write nothing
         return
     cols = tl.arange(0, ROW_POW2)
     mask = cols < ROW
@@ -45,7 +45,7 @@ def _rows_contiguous(x):
 def store_kv(k_cache, v_cache, slot_mapping, k, v):
     """Triton version of paged_attention.store_kv. k, v: [T, kv_heads, D]; slot_mapping: [T] int32/int64."""
     assert k_cache.is_contiguous() and v_cache.is_contiguous()
-    k, v = _rows_contiguous(k), _rows_contiguous(v)  # the k, v halves of a fused qkv keep a row stride
+    k, v = _rows_contiguous(k), _rows_contiguous(v)  # slices of a wider tensor keep their row stride
     T, kv_heads, D = k.shape
     if T == 0:
         return

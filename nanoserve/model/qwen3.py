@@ -5,14 +5,16 @@
 
 Tokens are laid out flat: a forward pass takes `input_ids` and `positions` of shape [num_tokens],
 and hidden states are [num_tokens, hidden_size]. Where keys and values live (nowhere, a contiguous
-cache, a paged cache) is decided by an attention *backend* passed to forward: the model itself
-never changes from lesson to lesson.
+cache, a paged cache) is decided by an attention *backend* passed to forward, with the step's
+metadata that backend needs (lesson 02 on): the model itself never changes from lesson to lesson.
 """
+from typing import Any, Protocol
+
 import torch
 from torch import nn
 from torch.nn import functional as F
 
-from nanoserve.config import ModelConfig
+from nanoserve.model.config import ModelConfig
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -47,6 +49,14 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos[:, None, :] + rotated * sin[:, None, :]
 
 
+class AttentionBackend(Protocol):
+    """Where K/V live and which keys each query sees: every attention layer calls `attend` with the new
+    tokens' q [T, heads, head_dim], k and v [T, kv_heads, head_dim]. `meta` describes the step (a
+    cache's StepMetadata from lesson 02 on; None for lesson 01's NoCache)."""
+
+    def attend(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: Any = None) -> torch.Tensor: ...
+
+
 class Attention(nn.Module):
     def __init__(self, config: ModelConfig, layer_idx: int):
         super().__init__()
@@ -64,7 +74,8 @@ class Attention(nn.Module):
             self.q_norm = RMSNorm(config.head_dim, config.rms_norm_eps)
             self.k_norm = RMSNorm(config.head_dim, config.rms_norm_eps)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, backend) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, backend: AttentionBackend,
+                meta: Any = None) -> torch.Tensor:
         T = x.shape[0]
         q = self.q_proj(x).view(T, self.num_heads, self.head_dim)
         k = self.k_proj(x).view(T, self.num_kv_heads, self.head_dim)
@@ -72,7 +83,7 @@ class Attention(nn.Module):
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        out = backend.attend(self.layer_idx, q, k, v)
+        out = backend.attend(self.layer_idx, q, k, v, meta)
         return self.o_proj(out.reshape(T, self.num_heads * self.head_dim))
 
 
@@ -95,8 +106,9 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = MLP(config)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, backend) -> torch.Tensor:
-        h = x + self.self_attn(self.input_layernorm(x), cos, sin, backend)
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, backend: AttentionBackend,
+                meta: Any = None) -> torch.Tensor:
+        h = x + self.self_attn(self.input_layernorm(x), cos, sin, backend, meta)
         return h + self.mlp(self.post_attention_layernorm(h))
 
 
@@ -108,11 +120,12 @@ class Qwen3Model(nn.Module):
         self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, backend) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, backend: AttentionBackend,
+                meta: Any = None) -> torch.Tensor:
         x = self.embed_tokens(input_ids)
         cos, sin = rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta, dtype=x.dtype)
         for layer in self.layers:
-            x = layer(x, cos, sin, backend)
+            x = layer(x, cos, sin, backend, meta)
         return self.norm(x)
 
 
@@ -127,9 +140,10 @@ class Qwen3ForCausalLM(nn.Module):
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight  # one matrix, used both ways
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, backend) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, backend: AttentionBackend,
+                meta: Any = None) -> torch.Tensor:
         """Hidden states [num_tokens, hidden_size] for flat input_ids and positions [num_tokens]."""
-        return self.model(input_ids, positions, backend)
+        return self.model(input_ids, positions, backend, meta)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden)

@@ -4,7 +4,7 @@
 """A request as the scheduler sees it: lesson 02's Request, plus its status and cache progress."""
 from enum import Enum
 
-from nanoserve.generate import Request
+from nanoserve.engine.generate import Request
 
 
 class SequenceStatus(Enum):
@@ -15,20 +15,8 @@ class SequenceStatus(Enum):
 
 
 class Sequence(Request):
-    def __init__(self, seq_id: int, prompt_ids, params, seed: int, eos=(), tokenizer=None):
+    def __init__(self, seq_id: int, prompt_ids: list[int], params, seed: int, eos=(), tokenizer=None):
         super().__init__(seq_id, prompt_ids, params, seed, set(eos), tokenizer)
         self.status = SequenceStatus.WAITING
         self.num_computed = 0  # leading tokens whose K/V are in the cache
         self.num_preemptions = 0
-
-    @property
-    def seq_id(self) -> int:
-        return self.row
-
-    @property
-    def token_ids(self) -> list[int]:
-        return self.prompt_ids + self.output_ids
-
-    @property
-    def num_tokens(self) -> int:
-        return len(self.prompt_ids) + len(self.output_ids)

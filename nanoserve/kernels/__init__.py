@@ -1,0 +1,1 @@
+"""Attention math: torch references and Triton kernels. Imports nothing else of nanoserve."""
