@@ -42,8 +42,10 @@ CHILD = textwrap.dedent('''
     engine = llm.engine
     for p in prompts:  # 256 sequences, all decoding once their prompts are in
         engine.add_request(p, SamplingParams(temperature=0.6, ignore_eos=True, max_tokens=2000))
-    while engine.scheduler.waiting or any(t is None for _, t in engine.step()):
-        pass
+    while True:  # until every sequence is in and decoding
+        tokens = [t for _, t in engine.step()]
+        if not engine.scheduler.waiting and None not in tokens:
+            break
     for _ in range(3):
         engine.step()
     walls = []
