@@ -1,16 +1,30 @@
 """The `nanoserve` command line.
 
     nanoserve generate "Once upon a time" [--model NAME_OR_DIR] [--max-tokens N]
-                       [--temperature T] [--seed S] [--chat]
+                       [--temperature T] [--top-k K] [--top-p P] [--seed S] [--chat] [--device cpu|cuda[:N]]
     nanoserve prepare tiny-qwen3 smollm2-135m-instruct
     nanoserve bench [--model NAME_OR_DIR] [--num-seqs N] [--no-baseline] [--out FILE]
+
+    nanoserve --debug SUBCOMMAND ...   (--debug goes before the subcommand: show the full traceback of an error)
+
+Exit status: 0 on success; 1 on an error (`nanoserve: <message>` on stderr: an unknown or broken model, a bad
+device, a prompt that is not UTF-8, a failed request, a file that cannot be read or written); 2 on a usage error
+(an unknown flag, a bad flag value); 130 on Ctrl-C (`nanoserve: interrupted`).
 """
 import argparse
+import os
 import random
 import sys
 import time
+import traceback
 
-import torch
+# The errors a user can cause (a bad model, device, prompt or file) or meet (out of memory): one line, exit 1.
+# Anything else is a bug in nanoserve and keeps its traceback.
+EXPECTED_ERRORS = (ValueError, NotImplementedError, RuntimeError, OSError)  # OSError covers FileNotFoundError
+
+
+class UsageError(ValueError):
+    """A bad flag value found after argparse (exit 2, like argparse's own usage errors)."""
 
 
 def _positive_int(text: str) -> int:
@@ -29,6 +43,8 @@ def _non_negative_float(text: str) -> float:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="nanoserve", description="A Qwen3 inference engine built in notebooks.")
+    parser.add_argument("--debug", action="store_true",
+                        help="on an error, show the full traceback (goes before the subcommand)")
     sub = parser.add_subparsers(dest="command", required=True)
     gen = sub.add_parser("generate", help="print a completion of a prompt")
     gen.add_argument("prompt", help="the text to complete (with --chat: the user's message)")
@@ -42,8 +58,9 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--top-p", type=float, default=1.0, help="sample only from the smallest set of tokens "
                                                                "whose probability reaches p (default 1 = all)")
     gen.add_argument("--seed", type=int, default=None, help="seed for sampling, for reproducible output")
-    gen.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
-    gen.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
+    gen.add_argument("--chat", action="store_true", help="send the prompt as a user message through LLM.chat "
+                                                         "(the model's chat template)")
+    gen.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda if available)")
     bench = sub.add_parser("bench", help="the course's benchmark workload (GPU), against transformers")
     bench.add_argument("--model", default="qwen3-0.6b-random")
     bench.add_argument("--num-seqs", type=_positive_int, default=256)
@@ -54,31 +71,70 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def check_device(text: str | None) -> None:
+    """Reject a --device we cannot run on, before any model is loaded."""
+    import torch
+
+    if text is None:
+        return
+    accepted = "cpu, cuda or cuda:N"
+    try:
+        device = torch.device(text)
+    except RuntimeError:
+        raise ValueError(f"unknown device {text!r}: use {accepted}") from None
+    if device.type not in ("cpu", "cuda"):
+        raise ValueError(f"unsupported device {text!r}: use {accepted}")
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            why = (f"this PyTorch ({torch.__version__}) was built without CUDA" if torch.version.cuda is None
+                   else "no CUDA GPU is visible (torch.cuda.is_available() is False)")
+            raise RuntimeError(f"--device {text}: CUDA is not available: {why}; use --device cpu")
+        count = torch.cuda.device_count()
+        if device.index is not None and device.index >= count:
+            raise ValueError(f"--device {text}: this machine has {count} CUDA device(s), cuda:0 to cuda:{count - 1}")
+
+
+def check_text(what: str, text: str) -> None:
+    """Reject text that came from argv as bytes that are not UTF-8 (Python keeps them as lone surrogates)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raw = os.fsencode(text[e.start:e.end]) if sys.getfilesystemencodeerrors() == "surrogateescape" else None
+        detail = f"bytes {raw!r} at position {e.start}" if raw is not None else f"position {e.start}"
+        raise ValueError(f"{what} is not valid UTF-8 ({detail}); pass it as UTF-8 text") from None
+
+
 def generate(args) -> int:
     from nanoserve.engine.llm import LLM
     from nanoserve.engine.sampling_params import SamplingParams
 
+    check_text("the prompt", args.prompt)
     try:
         params = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                                 seed=args.seed if args.seed is not None else random.randrange(2**62),
                                 max_tokens=args.max_tokens)
-    except ValueError as e:
-        print(f"nanoserve: {e}", file=sys.stderr)
-        return 2
+    except ValueError as e:  # a bad --top-k or --top-p: a usage error, like a bad --temperature
+        raise UsageError(str(e)) from e
+    check_device(args.device)
     llm = LLM(args.model, device=args.device, max_num_seqs=1, max_model_len=args.max_tokens + 4096)
-    if args.chat and llm.tokenizer.chat_template is None:
-        print("nanoserve: this model has no chat template; drop --chat", file=sys.stderr)
-        return 2
-    # --chat: a list of messages, which LLM renders with the model's chat template
-    prompt = [{"role": "user", "content": args.prompt}] if args.chat else args.prompt
-    start, count = time.perf_counter(), 0
-    for _, text, token, _ in llm.stream(prompt, params):
-        if token is None:  # the request failed; text says why
-            print(f"nanoserve: {text}", file=sys.stderr)
-            return 2
-        sys.stdout.write(text)
-        sys.stdout.flush()
-        count += 1
+    if args.chat:
+        if llm.tokenizer.chat_template is None:
+            raise ValueError("this model has no chat template; drop --chat")
+        start = time.perf_counter()
+        out = llm.chat([{"role": "user", "content": args.prompt}], params, use_tqdm=False)[0]
+        if out.error:  # the request failed; error says why
+            raise ValueError(out.error)
+        completion = out.outputs[0]
+        count = len(completion.token_ids)
+        sys.stdout.write(completion.text)
+    else:
+        start, count = time.perf_counter(), 0
+        for _, text, token, _ in llm.stream(args.prompt, params):
+            if token is None:  # the request failed; text says why
+                raise ValueError(text)
+            sys.stdout.write(text)
+            sys.stdout.flush()
+            count += 1
     seconds = time.perf_counter() - start
     sys.stdout.write("\n")
     sys.stdout.flush()
@@ -86,26 +142,48 @@ def generate(args) -> int:
     return 0
 
 
-def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
+def run(args) -> int:
+    import torch
+
     torch.set_grad_enabled(False)
-    try:
-        if args.command == "generate":
-            return generate(args)
-        if args.command == "bench":
-            from nanoserve.bench import main as bench_main
+    if args.command == "generate":
+        return generate(args)
+    if args.command == "bench":
+        from nanoserve.bench import main as bench_main
 
-            return bench_main(args.model, not args.no_baseline, args.out, args.num_seqs)
-        if args.command == "prepare":
-            from nanoserve.zoo import resolve_model
+        return bench_main(args.model, not args.no_baseline, args.out, args.num_seqs)
+    if args.command == "prepare":
+        from nanoserve.zoo import resolve_model
 
-            for name in args.models:
-                print(f"{name}: {resolve_model(name)}")
-            return 0
-    except (FileNotFoundError, ValueError) as e:
-        print(f"nanoserve: {e}", file=sys.stderr)
-        return 1
+        for name in args.models:
+            print(f"{name}: {resolve_model(name)}")
+        return 0
     return 2
+
+
+def _fail(args, message: str, code: int) -> int:
+    if args.debug:
+        traceback.print_exc()
+    else:
+        print(f"nanoserve: {message}", file=sys.stderr)
+    return code
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)  # usage errors: argparse prints them and exits 2
+    try:
+        return run(args)
+    except KeyboardInterrupt:
+        return _fail(args, "interrupted", 130)
+    except UsageError as e:
+        return _fail(args, str(e), 2)
+    except EXPECTED_ERRORS as e:
+        if isinstance(e, BrokenPipeError):  # stdout's reader went away (`| head`): no second error at exit
+            try:
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            except (OSError, ValueError):
+                pass
+        return _fail(args, str(e) or type(e).__name__, 1)
 
 
 if __name__ == "__main__":

@@ -1,8 +1,10 @@
 """The `nanoserve` command line, run as a user would."""
+import signal
 import subprocess
 import sys
 
 import pytest
+import torch
 
 from nanoserve.cli import main
 
@@ -64,3 +66,120 @@ def test_unseeded_sampling_varies_between_runs(capsys):
         assert main(["generate", "Hi", "--model", "tiny-qwen3", "--max-tokens", "8", "--temperature", "5.0"]) == 0
         outs.add(capsys.readouterr().out)
     assert len(outs) > 1
+
+
+# ---------------------------------------------------------------------------
+# Errors: `nanoserve: <message>` and exit 1; usage errors exit 2; Ctrl-C exits 130; --debug shows the traceback.
+
+
+@pytest.fixture
+def no_model_load(monkeypatch):
+    """Fail the test if the CLI gets as far as loading a model."""
+    from nanoserve.engine import llm
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the CLI loaded a model before rejecting its arguments")
+
+    monkeypatch.setattr(llm.LLM, "__init__", refuse)
+
+
+@pytest.mark.parametrize("device", ["bogus", "cuda:x", "mps", ""])
+def test_bad_device_names_it_and_the_accepted_values(device, no_model_load, capsys):
+    assert main(["generate", "Hi", "--model", "tiny-qwen3", "--device", device]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("nanoserve: ") and err.count("\n") == 1
+    assert repr(device) in err and "cpu" in err and "cuda" in err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
+@pytest.mark.parametrize("device", ["cuda", "cuda:0"])
+def test_cuda_without_cuda_is_a_clear_error(device, no_model_load, capsys):
+    assert main(["generate", "Hi", "--model", "tiny-qwen3", "--device", device]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"nanoserve: --device {device}: CUDA is not available") and "--device cpu" in err
+
+
+def test_missing_model_path_is_exit_1_without_traceback(tmp_path):
+    missing = tmp_path / "no" / "such-model"
+    result = run("generate", "Hi", "--model", str(missing), "--max-tokens", "2")
+    assert result.returncode == 1
+    assert result.stderr.startswith("nanoserve: ") and str(missing) in result.stderr
+    assert "Traceback" not in result.stderr and result.stdout == ""
+
+
+def test_directory_without_a_model_is_exit_1(tmp_path, capsys):
+    assert main(["generate", "Hi", "--model", str(tmp_path), "--max-tokens", "2"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("nanoserve: ") and "config.json" in err
+
+
+def test_debug_shows_the_traceback(tmp_path, capsys):
+    assert main(["--debug", "generate", "Hi", "--model", str(tmp_path / "missing"), "--max-tokens", "2"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("Traceback (most recent call last):")
+    assert "ModelNotFoundError" in err and str(tmp_path / "missing") in err
+
+
+def test_ctrl_c_exits_130_with_one_line(monkeypatch, capsys):
+    from nanoserve import zoo
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(zoo, "resolve_model", interrupted)  # Ctrl-C while the model loads
+    assert main(["generate", "Hi", "--model", "tiny-qwen3", "--max-tokens", "2"]) == 130
+    assert capsys.readouterr().err == "nanoserve: interrupted\n"
+
+
+def test_sigint_while_generating_exits_130():
+    """A real Ctrl-C in the middle of a stream: one line on stderr, no traceback."""
+    proc = subprocess.Popen([sys.executable, "-m", "nanoserve.cli", "generate", "Hello", "--model", "tiny-qwen3",
+                             "--max-tokens", "4000"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        assert proc.stdout.read(1), "no output before the interrupt"  # generation has started
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, err
+    assert err.decode() == "nanoserve: interrupted\n"
+
+
+def test_non_utf8_prompt_is_rejected_without_traceback():
+    result = subprocess.run([sys.executable, "-m", "nanoserve.cli", "generate", b"\xff\xfe", "--model", "tiny-qwen3",
+                             "--max-tokens", "2"], capture_output=True, timeout=300)
+    err = result.stderr.decode("utf-8", "replace")
+    assert result.returncode == 1, err
+    assert err.startswith("nanoserve: ") and "UTF-8" in err and r"b'\xff\xfe'" in err
+    assert "Traceback" not in err and result.stdout == b""
+
+
+@pytest.mark.parametrize("argv", [[], ["frobnicate"], ["generate"], ["generate", "Hi", "--no-such-flag"],
+                                  ["generate", "Hi", "--debug"]])  # --debug goes before the subcommand
+def test_usage_errors_exit_2(argv, capsys):
+    with pytest.raises(SystemExit) as exit:
+        main(argv)
+    assert exit.value.code == 2
+    assert "usage: nanoserve" in capsys.readouterr().err
+
+
+def test_failed_request_is_exit_1(capsys):
+    assert main(["generate", "", "--model", "tiny-qwen3", "--max-tokens", "2"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("nanoserve: ") and "empty" in err
+
+
+def test_chat_goes_through_llm_chat(monkeypatch, capsys):
+    from nanoserve.engine.llm import LLM
+
+    calls = []
+    real_chat = LLM.chat
+
+    def chat(self, messages, sampling_params=None, use_tqdm=True, **kwargs):
+        calls.append((messages, sampling_params.max_tokens, use_tqdm))
+        return real_chat(self, messages, sampling_params, use_tqdm=use_tqdm, **kwargs)
+
+    monkeypatch.setattr(LLM, "chat", chat)
+    assert main(["generate", "Hi there", "--chat", "--model", "tiny-qwen3", "--max-tokens", "2"]) == 0
+    assert calls == [([{"role": "user", "content": "Hi there"}], 2, False)]
+    assert "[2 tokens in" in capsys.readouterr().err

@@ -197,7 +197,7 @@ def test_eos_ends_unless_ignored(tiny):
 
 
 def test_empty_prompt_is_a_clear_error(tiny):
-    with pytest.raises(ValueError, match="prompt 1 is empty"):
+    with pytest.raises(ValueError, match="prompt 1: the prompt is empty"):
         generate(tiny[0], [[1, 2], []])
 
 

@@ -112,7 +112,7 @@ class SharedPrefixPool(RuleBasedStateMachine):
     def teardown(self):
         for seq in list(self.live):
             self.bm.free(seq)
-        assert self.bm.num_free == 16 and not any(r.ref_count for r in self.bm.records)
+        assert self.bm.num_free == 16 and not any(self.bm.ref_count)
 
 
 TestSharedPrefixPool = SharedPrefixPool.TestCase

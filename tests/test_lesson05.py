@@ -84,23 +84,27 @@ def llm():
 
 
 def test_generate_takes_strings_token_ids_and_chats_and_keeps_order(llm):
-    prompts = ["Hello there", [1, 2, 3, 4], [{"role": "user", "content": "Hi!"}], "A longer prompt, " * 5]
-    params = [SamplingParams(temperature=0, max_tokens=m, ignore_eos=True) for m in (3, 5, 2, 4)]
+    prompts = ["Hello there", [1, 2, 3, 4], {"prompt": "Hi!"}, {"prompt_token_ids": [7, 8, 9]}, "A longer prompt, " * 5]
+    params = [SamplingParams(temperature=0, max_tokens=m, ignore_eos=True) for m in (3, 5, 2, 4, 4)]
     outputs = llm.generate(prompts, params, use_tqdm=False)
-    assert [o.request_id for o in outputs] == [0, 1, 2, 3]
-    assert [len(o.outputs[0].token_ids) for o in outputs] == [3, 5, 2, 4]
+    assert [o.request_id for o in outputs] == [0, 1, 2, 3, 4]
+    assert [len(o.outputs[0].token_ids) for o in outputs] == [3, 5, 2, 4, 4]
     assert outputs[0].prompt == "Hello there" and outputs[1].prompt_token_ids == [1, 2, 3, 4]
-    assert outputs[2].prompt.endswith("<|im_start|>assistant\n") or "assistant" in outputs[2].prompt
+    assert outputs[2].prompt == "Hi!" and outputs[3].prompt_token_ids == [7, 8, 9]
     assert all(o.outputs[0].finish_reason == "length" and o.error is None for o in outputs)
     # the same prompt alone gives the same tokens
-    alone = llm.generate(prompts[3], params[3], use_tqdm=False)[0]
-    assert alone.outputs[0].token_ids == outputs[3].outputs[0].token_ids
+    alone = llm.generate(prompts[4], params[4], use_tqdm=False)[0]
+    assert alone.outputs[0].token_ids == outputs[4].outputs[0].token_ids
+    chat = llm.chat([{"role": "user", "content": "Hi!"}], params[2], use_tqdm=False)[0]
+    assert chat.prompt.endswith("<|im_start|>assistant\n") or "assistant" in chat.prompt
+    assert len(chat.outputs[0].token_ids) == 2
 
 
 def test_bad_requests_fail_alone(llm):
-    outputs = llm.generate(["", "fine", [5] * 300, [1.5]], SamplingParams(temperature=0, max_tokens=2), use_tqdm=False)
+    outputs = llm.generate(["", "fine", [5] * 300, [10**9]], SamplingParams(temperature=0, max_tokens=2), use_tqdm=False)
     assert [o.outputs[0].finish_reason for o in outputs] == ["error", "length", "error", "error"]
     assert "empty" in outputs[0].error and "max_model_len" in outputs[2].error and "token ids" in outputs[3].error
+    assert outputs[3].error.startswith("prompt 3:")
 
 
 def test_stream_yields_each_token_as_it_comes(llm):
@@ -139,9 +143,11 @@ def test_without_chunked_prefill_prompts_go_whole_and_preempted_ones_still_resum
 
 def test_out_of_range_token_ids_fail_alone_and_leave_the_llm_usable(llm):
     vocab = llm.model.config.vocab_size
-    outputs = llm.generate(["fine", [vocab + 5], [-1], None], SamplingParams(temperature=0, max_tokens=2),
-                           use_tqdm=False)
-    assert [o.outputs[0].finish_reason for o in outputs] == ["length", "error", "error", "error"]
+    outputs = llm.generate(["fine", [vocab + 5], [-1]], SamplingParams(temperature=0, max_tokens=2), use_tqdm=False)
+    assert [o.outputs[0].finish_reason for o in outputs] == ["length", "error", "error"]
+    with pytest.raises(TypeError, match="prompt 1"):  # malformed: the call raises, nothing is queued
+        llm.generate(["fine", None], SamplingParams(temperature=0, max_tokens=2), use_tqdm=False)
+    assert not llm.engine.has_unfinished()
     assert llm.generate(["fine"], SamplingParams(temperature=0, max_tokens=2), use_tqdm=False)[0].error is None
 
 

@@ -136,6 +136,21 @@ def test_store_kv_transposed_input():
     assert k_cache.view(-1, 2, 64)[1:17].abs().sum() == 0  # nothing else written
 
 
+@pytest.mark.parametrize("head_dim, kv_heads", [(96, 2), (80, 3), (192, 1)])
+def test_store_kv_any_head_dim(head_dim, kv_heads):
+    # rows of kv_heads * head_dim values that are no power of two (240 for 80 x 3)
+    gen = torch.Generator().manual_seed(head_dim)
+    k_cache = torch.randn(5, 16, kv_heads, head_dim, generator=gen).to(DEVICE)
+    v_cache = torch.randn(5, 16, kv_heads, head_dim, generator=gen).to(DEVICE)
+    slots = torch.tensor([0, 15, 16, -1, 79, 33], device=DEVICE)  # both ends of a block, the pool's last slot
+    k = torch.randn(6, kv_heads, head_dim, generator=gen).to(DEVICE)
+    v = torch.randn(6, kv_heads, head_dim, generator=gen).to(DEVICE)
+    expect_k, expect_v = k_cache.clone(), v_cache.clone()
+    reference.store_kv(expect_k, expect_v, slots, k, v)
+    ta.store_kv(k_cache, v_cache, slots, k, v)
+    assert torch.equal(k_cache, expect_k) and torch.equal(v_cache, expect_v)
+
+
 # ---------------------------------------------------------------------------------- decode
 
 @pytest.mark.parametrize("group, head_dim, dtype, block_size, seed", CASES, ids=CASE_IDS)
@@ -234,3 +249,58 @@ def test_prefill_strided_q_and_scale():
     q = torch.randn(35, 64, 4, generator=gen).to(DEVICE).transpose(1, 2)
     assert_close(ta.paged_prefill_attention(q, k_cache, v_cache, cu, lens, tables, scale=0.2),
                  reference.paged_prefill_attention(q, k_cache, v_cache, cu, lens, tables, scale=0.2))
+
+
+# ---------------------------------------------------------------------------------- any head dim
+# Head dims that are not a power of two run on tiles padded to the next one (96 -> 128, 80 -> 128,
+# 192 -> 256), masked to the real columns. 256 is the widest tile, unpadded. fp32 in the interpreter.
+
+ODD_DTYPES = [torch.float32] + ([torch.bfloat16] if ON_GPU else [])
+ODD_CASES = [(group, head_dim, dtype) for head_dim in (96, 80, 192, 256) for group in (1, 4) for dtype in ODD_DTYPES]
+ODD_IDS = [f"group{g}-d{d}-{str(dt)[6:]}" for g, d, dt in ODD_CASES]
+
+
+@pytest.mark.parametrize("group, head_dim, dtype", ODD_CASES, ids=ODD_IDS)
+def test_decode_any_head_dim(group, head_dim, dtype):
+    # 1 token, a block's end and one past it, several blocks, a length mid-block; with and without splits
+    gen = torch.Generator().manual_seed(head_dim + group)
+    lengths = [1, 16, 17, 48, 130]
+    k_cache, v_cache, tables, lens = make_cache(lengths, 2, head_dim, 16, dtype, gen)
+    q = torch.randn(len(lengths), 2 * group, head_dim, generator=gen).to(DEVICE, dtype)
+    ref = reference.paged_decode_attention(q, k_cache, v_cache, tables, lens)
+    for splits in (1, 3):  # 3: the partials (kept D_PAD wide) go through the reduce kernel
+        assert_close(ta.paged_decode_attention(q, k_cache, v_cache, tables, lens, num_splits=splits, block_n=32), ref)
+
+
+@pytest.mark.parametrize("group, head_dim, dtype", ODD_CASES, ids=ODD_IDS)
+def test_prefill_any_head_dim(group, head_dim, dtype):
+    # no prefix; a prefix ending on a block boundary and one ending mid-block; new tokens crossing a
+    # 16-row q tile; one new token
+    gen = torch.Generator().manual_seed(head_dim + group)
+    news = [20, 17, 5, 1]
+    lengths = [20, 17 + 32, 5 + 21, 1 + 16]
+    k_cache, v_cache, tables, lens = make_cache(lengths, 2, head_dim, 16, dtype, gen)
+    q = torch.randn(sum(news), 2 * group, head_dim, generator=gen).to(DEVICE, dtype)
+    cu = torch.tensor([0] + news).cumsum(0).to(DEVICE, torch.int32)
+    assert_close(ta.paged_prefill_attention(q, k_cache, v_cache, cu, lens, tables, block_m=16, block_n=16),
+                 reference.paged_prefill_attention(q, k_cache, v_cache, cu, lens, tables))
+
+
+def test_inputs_that_cannot_work_raise_value_error():
+    gen = torch.Generator().manual_seed(0)
+    k_cache, v_cache, tables, lens = make_cache([20], 2, 96, 16, torch.float32, gen)
+    q = torch.randn(1, 4, 96, generator=gen).to(DEVICE)
+    cu = torch.tensor([0, 1], dtype=torch.int32, device=DEVICE)
+    strided = k_cache.transpose(2, 3).contiguous().transpose(2, 3)  # same shape, not packed
+    with pytest.raises(ValueError, match="contiguous"):
+        ta.paged_decode_attention(q, strided, v_cache, tables, lens)
+    with pytest.raises(ValueError, match="contiguous"):
+        ta.paged_prefill_attention(q, k_cache, strided, cu, lens, tables)
+    with pytest.raises(ValueError, match="contiguous"):
+        ta.store_kv(strided, v_cache, torch.zeros(1, dtype=torch.int64, device=DEVICE), q[:, :2], q[:, :2])
+    with pytest.raises(ValueError, match="head_dim 80"):
+        ta.paged_decode_attention(q[..., :80], k_cache, v_cache, tables, lens)
+    with pytest.raises(ValueError, match="kv heads"):
+        ta.paged_prefill_attention(q[:, :3], k_cache, v_cache, cu, lens, tables)
+    with pytest.raises(ValueError, match="kv_heads, head_dim"):
+        ta.store_kv(k_cache, v_cache, torch.zeros(1, dtype=torch.int64, device=DEVICE), q[:, :3], q[:, :3])

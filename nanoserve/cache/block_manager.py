@@ -15,6 +15,7 @@ class BlockManager:
             raise ValueError(f"need num_blocks >= 1 and block_size >= 1, got {num_blocks} and {block_size}")
         self.num_blocks, self.block_size = num_blocks, block_size
         self.free_blocks = deque(range(num_blocks))
+        self.ref_count = [0] * num_blocks  # how many block tables hold each block (n > 1 completions share)
         self.block_tables: dict = {}  # seq_id -> its physical block ids, in logical order
         self.num_tokens: dict = {}  # seq_id -> how many of its tokens have a slot
 
@@ -74,10 +75,34 @@ class BlockManager:
 
     def _take_block(self) -> int:
         """A block for new content: the oldest free one (lesson 04 may evict a cached block instead)."""
-        return self.free_blocks.popleft()
+        block = self.free_blocks.popleft()
+        self.ref_count[block] = 1
+        return block
 
     def _return_blocks(self, blocks: list[int]) -> None:
-        self.free_blocks.extend(blocks)  # usable by any sequence right away (lesson 04 keeps their content)
+        """A sequence let go of these blocks; one nobody holds any more is free again (lesson 04 keeps its content)."""
+        for block in blocks:
+            self.ref_count[block] -= 1
+            if self.ref_count[block] == 0:
+                self.free_blocks.append(block)
+
+    def fork(self, parent, child, num_tokens: int) -> tuple[int, int] | None:
+        """Give `child` the parent's first num_tokens tokens without copying them (several completions of
+        one prompt): full blocks are shared by reference count; a partly filled last block can't be (both
+        would write into it), so the child gets a new block, and the caller copies the K/V: returns
+        (from_block, to_block), or None when there is nothing to copy."""
+        full, partial = divmod(num_tokens, self.block_size)
+        if partial and not self.num_free:
+            raise OutOfBlocks(f"forking {parent!r} needs 1 block, none is free")
+        table = self.block_tables[parent][:full]
+        for block in table:
+            self.ref_count[block] += 1
+        copy = None
+        if partial:
+            copy = (self.block_tables[parent][full], self._take_block())
+            table.append(copy[1])
+        self.block_tables[child], self.num_tokens[child] = table, num_tokens
+        return copy
 
     def allocate_prompt(self, seq_id, prompt_ids: list[int]) -> int:
         """Blocks for a new sequence's whole prompt; returns how many of its tokens are already cached:

@@ -3,6 +3,7 @@
 
 """The paged KV cache as an attention backend: K/V in a pool of blocks, read through block tables."""
 from collections import deque
+from typing import Protocol
 
 import torch
 
@@ -12,6 +13,21 @@ from nanoserve.kernels import paged as torch_kernels
 from nanoserve.model.config import ModelConfig
 
 
+class BlockAllocator(Protocol):
+    """What the paged cache needs from a block manager (lesson 03's BlockManager, lesson 04's subclass)."""
+
+    block_size: int
+    num_tokens: dict  # seq_id -> tokens with a slot
+    block_tables: dict  # seq_id -> its blocks, in order
+
+    def allocate_prompt(self, seq_id, prompt_ids: list[int]) -> int: ...
+    def can_append(self, seq_id, n: int = 1) -> bool: ...
+    def append(self, seq_id, n: int = 1) -> list[int]: ...
+    def commit(self, seq_id, token_ids: list[int], num_computed: int) -> None: ...
+    def fork(self, parent, child, num_tokens: int) -> tuple[int, int] | None: ...
+    def free(self, seq_id) -> None: ...
+
+
 class PagedKVCache:
     """A KVCache (lesson 02's protocol) whose space is handed out in blocks by a BlockManager."""
 
@@ -19,7 +35,7 @@ class PagedKVCache:
 
     def __init__(self, config: ModelConfig, num_blocks: int, block_size: int = 16, dtype=torch.float32,
                  device="cpu", use_triton: bool | None = None):
-        self.block_manager = self.block_manager_cls(num_blocks, block_size)
+        self.block_manager: BlockAllocator = self.block_manager_cls(num_blocks, block_size)
         self.block_size = block_size
         shape = (config.num_layers, num_blocks, block_size, config.num_kv_heads, config.head_dim)
         self.k_cache = torch.zeros(shape, dtype=dtype, device=device)
@@ -53,6 +69,13 @@ class PagedKVCache:
 
     def commit(self, seq_id: int, token_ids: list[int], num_computed: int) -> None:
         self.block_manager.commit(seq_id, token_ids, num_computed)
+
+    def fork(self, parent: int, child: int, num_tokens: int) -> None:
+        """The child shares the parent's first num_tokens tokens' K/V (a partly filled last block is copied)."""
+        copy = self.block_manager.fork(parent, child, num_tokens)
+        if copy is not None:
+            self.k_cache[:, copy[1]] = self.k_cache[:, copy[0]]
+            self.v_cache[:, copy[1]] = self.v_cache[:, copy[0]]
 
     def release(self, seq_id: int) -> None:
         self.block_manager.free(seq_id)  # its blocks can serve another sequence right away

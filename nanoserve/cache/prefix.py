@@ -25,8 +25,7 @@ def prefix_hashes(token_ids: list[int], block_size: int) -> list[int]:
 
 @dataclass
 class BlockRecord:
-    """What the prefix-caching manager knows about one physical block."""
-    ref_count: int = 0  # how many block tables hold it
+    """What the prefix-caching manager knows about one physical block, besides its reference count."""
     hash: int | None = None  # set once the block is full and a finished step wrote its K/V: findable from then on
     parent: int | None = None  # what that hash stands for: the previous block's hash ...
     tokens: tuple = ()  # ... and this block's tokens, compared on every hit (a hash can collide)
@@ -54,17 +53,17 @@ class PrefixCachingBlockManager(BlockManager):
             block, _ = self.evictable.popitem(last=False)
             if self.cached.get(self.records[block].hash) == block:
                 del self.cached[self.records[block].hash]
-        self.records[block] = BlockRecord(ref_count=1)
+        self.records[block] = BlockRecord()
+        self.ref_count[block] = 1
         return block
 
     def _return_blocks(self, blocks: list[int]) -> None:
         """A sequence let go of these blocks: each loses a reference; an unused one stays findable
         (evictable) if it is named, else it is simply free."""
         for block in reversed(blocks):  # deepest first: it is evicted first, so cached chains stay whole
-            record = self.records[block]
-            record.ref_count -= 1
-            if record.ref_count == 0:
-                if record.hash is not None:
+            self.ref_count[block] -= 1
+            if self.ref_count[block] == 0:
+                if self.records[block].hash is not None:
                     self.evictable[block] = None
                 else:
                     self.free_blocks.append(block)
@@ -91,7 +90,7 @@ class PrefixCachingBlockManager(BlockManager):
             raise OutOfBlocks(f"sequence {seq_id!r} needs {needed} new blocks, {self.num_free - reusable} are free")
         for block in hits:  # share: one more table holds each
             self.evictable.pop(block, None)
-            self.records[block].ref_count += 1
+            self.ref_count[block] += 1
         cached = len(hits) * self.block_size
         self.block_tables[seq_id], self.num_tokens[seq_id] = hits, cached
         self.append(seq_id, len(prompt_ids) - cached)  # lesson 03's logic takes the rest

@@ -1,5 +1,6 @@
 """Checks for lesson 03 (paging). Oracles: a plain-Python model of the pool, and lesson 02's contiguous cache."""
 import random
+from collections import Counter
 
 import torch
 
@@ -7,12 +8,17 @@ from nanoserve.checks.lesson01 import TINY_CONFIGS, _close, hf_tiny_model, ours_
 
 
 def pool_problems(bm) -> list[str]:
-    """Invariants of a BlockManager's state: every block free xor owned once, tables sized to their tokens."""
+    """Invariants of a BlockManager's state: every block free xor held, held blocks counted once per table
+    that holds them, tables sized to their tokens."""
     problems = []
-    owned = [b for table in bm.block_tables.values() for b in table]
+    holders = Counter(b for table in bm.block_tables.values() for b in table)
     free = list(bm.free_blocks)
-    if sorted(owned + free) != list(range(bm.num_blocks)):
-        problems.append(f"blocks lost, duplicated or both free and owned: owned {sorted(owned)}, free {sorted(free)}")
+    if sorted(set(holders) | set(free)) != list(range(bm.num_blocks)) or set(holders) & set(free) \
+            or len(set(free)) != len(free):
+        problems.append(f"blocks lost, duplicated or both free and owned: owned {sorted(holders)}, free {sorted(free)}")
+    for b in range(bm.num_blocks):
+        if bm.ref_count[b] != holders[b]:
+            problems.append(f"block {b}: ref_count {bm.ref_count[b]} but {holders[b]} block tables hold it")
     for seq, table in bm.block_tables.items():
         if len(table) != bm.blocks_for(bm.num_tokens[seq]):
             problems.append(f"sequence {seq!r} holds {bm.num_tokens[seq]} tokens in {len(table)} blocks")
@@ -50,28 +56,38 @@ def check_block_manager(manager_cls) -> None:
     except KeyError:
         pass
     # A random workload against the invariants.
-    rng = random.Random(0)
-    bm = manager_cls(num_blocks=40, block_size=3)
+    random_workload(manager_cls(num_blocks=40, block_size=3), 600, random.Random(0),
+                    draw_prompt=lambda rng: [0] * rng.randint(1, 20),
+                    admit=lambda bm, seq, tokens: bm.allocate(seq, len(tokens)),
+                    problems=lambda bm, live: pool_problems(bm) or (
+                        [] if bm.num_tokens == {s: len(t) for s, t in live.items()} else ["token counts wrong"]))
+    print("✓ BlockManager: allocation, growth, freeing, errors without corruption, 600 random operations")
+
+
+def random_workload(bm, steps: int, rng: random.Random, draw_prompt, admit, problems) -> dict:
+    """Random allocate / append / free on a block manager; after each operation, problems(bm, live) must
+    be empty (live: each live sequence's tokens). draw_prompt(rng) gives a new prompt, admit allocates it."""
     live = {}
-    for step in range(600):
+    for step in range(steps):
         if live and rng.random() < 0.3:
             seq = rng.choice(sorted(live))
             bm.free(seq)
             del live[seq]
         elif live and rng.random() < 0.6:
             seq = rng.choice(sorted(live))
-            n = rng.randint(1, 5)
-            if bm.can_append(seq, n):
-                bm.append(seq, n)
-                live[seq] += n
+            new = [rng.randrange(50) for _ in range(rng.randint(1, 5))]
+            if bm.can_append(seq, len(new)):
+                bm.append(seq, len(new))
+                live[seq] += new
+                bm.commit(seq, live[seq], len(live[seq]))  # a finished step (a no-op before lesson 04)
         else:
-            n = rng.randint(1, 20)
-            if bm.can_allocate(n):
-                bm.allocate(step, n)
-                live[step] = n
-        if bm.num_tokens != live or pool_problems(bm):
-            raise AssertionError(f"after {step + 1} random operations: {pool_problems(bm) or 'token counts wrong'}")
-    print("✓ BlockManager: allocation, growth, freeing, errors without corruption, 600 random operations")
+            tokens = draw_prompt(rng)
+            if bm.can_allocate(len(tokens)):
+                admit(bm, step, tokens)
+                live[step] = tokens
+        if found := problems(bm, live):
+            raise AssertionError(f"after {step + 1} random operations: {found[:3]}")
+    return live
 
 
 def check_slot_mapping(manager_cls) -> None:

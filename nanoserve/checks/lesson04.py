@@ -4,6 +4,7 @@ import random
 from collections import Counter
 
 from nanoserve.checks.lesson01 import TINY_CONFIGS, hf_tiny_model, ours_from_hf
+from nanoserve.checks.lesson03 import random_workload
 
 
 def check_prefix_hashes(prefix_hashes) -> None:
@@ -34,8 +35,8 @@ def pool_problems(bm) -> list[str]:
     if len(set(free)) != len(free):
         problems.append("a block is free twice")
     for b in range(bm.num_blocks):
-        if bm.records[b].ref_count != holders[b]:
-            problems.append(f"block {b}: ref_count {bm.records[b].ref_count} but {holders[b]} block tables hold it")
+        if bm.ref_count[b] != holders[b]:
+            problems.append(f"block {b}: ref_count {bm.ref_count[b]} but {holders[b]} block tables hold it")
         if (b in free) == (holders[b] > 0):
             problems.append(f"block {b} is {'both free and used' if holders[b] else 'neither free nor used'}")
     for h, b in bm.cached.items():
@@ -68,7 +69,7 @@ def check_prefix_manager(manager_cls) -> None:
             raise AssertionError(f"allocate_prompt for {what} reported {got} cached tokens, want {cached}")
         if pool_problems(bm):
             raise AssertionError(f"after allocating {what}: {pool_problems(bm)}")
-    if bm.block_tables["a"][:2] != bm.block_tables["b"][:2] or bm.records[bm.block_tables["a"][0]].ref_count != 3:
+    if bm.block_tables["a"][:2] != bm.block_tables["b"][:2] or bm.ref_count[bm.block_tables["a"][0]] != 3:
         raise AssertionError("a duplicate must share the first blocks, and each shared block counts its holders")
     early = manager_cls(num_blocks=10, block_size=4)
     early.allocate_prompt("u", prompt)  # allocated, never committed: its step never finished
@@ -110,26 +111,9 @@ def check_prefix_manager(manager_cls) -> None:
     rng = random.Random(1)
     bm = manager_cls(num_blocks=30, block_size=3)
     stems = [[rng.randrange(50) for _ in range(12)] for _ in range(3)]
-    live = {}
-    for step in range(500):
-        if live and rng.random() < 0.35:
-            seq = rng.choice(sorted(live))
-            bm.free(seq)
-            del live[seq]
-        elif live and rng.random() < 0.5:
-            seq = rng.choice(sorted(live))
-            new = [rng.randrange(50) for _ in range(rng.randint(1, 4))]
-            if bm.can_append(seq, len(new)):
-                bm.append(seq, len(new))
-                live[seq] += new
-                bm.commit(seq, live[seq], len(live[seq]))
-        else:
-            tokens = rng.choice(stems)[: rng.randint(1, 12)] + [rng.randrange(50) for _ in range(rng.randint(0, 5))]
-            if bm.can_allocate(len(tokens)):
-                admit(bm, step, tokens)
-                live[step] = tokens
-        if pool_problems(bm):
-            raise AssertionError(f"after {step + 1} random operations: {pool_problems(bm)[:3]}")
+    live = random_workload(bm, 500, rng, admit=admit, problems=lambda bm, live: pool_problems(bm),
+                           draw_prompt=lambda rng: rng.choice(stems)[: rng.randint(1, 12)]
+                           + [rng.randrange(50) for _ in range(rng.randint(0, 5))])
     for seq in list(live):
         bm.free(seq)
     if bm.num_free != 30:

@@ -12,6 +12,7 @@ from nanoserve.cache.protocol import KVCache
 from nanoserve.engine.detokenizer import Detokenizer
 from nanoserve.engine.sampler import Sampler
 from nanoserve.engine.sampling_params import SamplingParams
+from nanoserve.model.qwen3 import Qwen3ForCausalLM
 
 
 @dataclass
@@ -27,7 +28,7 @@ class Request:
     def __init__(self, seq_id: int, prompt_ids: list[int], params: SamplingParams, seed: int, eos: set[int],
                  tokenizer):
         if not prompt_ids:
-            raise ValueError(f"prompt {seq_id} is empty: give at least one token")
+            raise ValueError("the prompt is empty: give at least one token")
         if params.stop and tokenizer is None:
             raise ValueError("stop strings need the tokenizer: pass tokenizer=...")
         self.seq_id, self.params, self.seed = seq_id, params, seed
@@ -69,8 +70,9 @@ class Request:
 
 
 @torch.inference_mode()
-def generate(model, prompts: list[list[int]], params: SamplingParams | list[SamplingParams] | None = None,
-             eos_token_ids=(), tokenizer=None, seed: int = 0, on_token=None, cache: KVCache | None = None):
+def generate(model: Qwen3ForCausalLM, prompts: list[list[int]],
+             params: SamplingParams | list[SamplingParams] | None = None, eos_token_ids=(), tokenizer=None,
+             seed: int = 0, on_token=None, cache: KVCache | None = None):
     """Generate for a static batch of prompts (token-id lists). Returns the completions and the cache.
 
     on_token(index, token_id) is called as each token is sampled (for streaming). cache: any KVCache
@@ -83,8 +85,13 @@ def generate(model, prompts: list[list[int]], params: SamplingParams | list[Samp
     if len(params) != len(prompts):
         raise ValueError(f"{len(prompts)} prompts but {len(params)} SamplingParams")
     seeder = torch.Generator().manual_seed(seed)
-    requests = [Request(i, p, sp, sp.seed if sp.seed is not None else int(torch.randint(2**62, (1,), generator=seeder)),
-                        set(eos_token_ids), tokenizer) for i, (p, sp) in enumerate(zip(prompts, params))]
+    requests = []
+    for i, (p, sp) in enumerate(zip(prompts, params)):
+        seed = sp.seed if sp.seed is not None else int(torch.randint(2**62, (1,), generator=seeder))
+        try:
+            requests.append(Request(i, p, sp, seed, set(eos_token_ids), tokenizer))
+        except ValueError as e:
+            raise ValueError(f"prompt {i}: {e}") from None
     for r in requests:
         if r.num_tokens + r.params.max_tokens > model.config.max_position_embeddings:
             raise ValueError(f"prompt {r.seq_id} ({r.num_tokens} tokens) + max_tokens {r.params.max_tokens} exceeds "

@@ -2,8 +2,12 @@
 # Edit the notebook, then run `make export` (python tools/export.py).
 
 """The public API, named as in vLLM: LLM(model).generate(prompts, SamplingParams(...)) -> RequestOutputs."""
+import gc
+import json
 import time
+from collections import deque
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 from tqdm.auto import tqdm
@@ -12,18 +16,24 @@ from nanoserve.engine.sampling_params import SamplingParams
 from nanoserve.engine.sequence import Sequence, SequenceStatus
 from nanoserve.model.config import ModelConfig
 
+PROMPT_FORMS = ("a prompt is a string, a list of token ids, {'prompt': str} or {'prompt_token_ids': [...]} "
+                "(or a list of these); chat messages go to LLM.chat")
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "half": torch.float16, "float32": torch.float32,
+          "float": torch.float32}
+
 
 @dataclass
 class CompletionOutput:
-    index: int
+    index: int  # which of the request's n completions
     text: str
     token_ids: list[int]
     finish_reason: str | None  # "stop", "length", or "error"
+    logprobs: list[dict[int, float]] | None = None  # per new token (SamplingParams(logprobs=k))
 
 
 @dataclass
 class RequestOutput:
-    request_id: int
+    request_id: int  # the prompt's index in the call
     prompt: str | None
     prompt_token_ids: list[int]
     outputs: list[CompletionOutput] = field(default_factory=list)
@@ -31,11 +41,51 @@ class RequestOutput:
     error: str | None = None
 
 
+class StreamItem(tuple):
+    """What LLM.stream yields: (prompt index, new text, new token id, finished), and `.completion`, which of
+    the request's n completions the token belongs to."""
+
+    def __new__(cls, index: int, text: str, token_id: int | None, finished: bool, completion: int = 0):
+        item = super().__new__(cls, (index, text, token_id, finished))
+        item.completion = completion
+        return item
+
+
+def resolve_dtype(dtype, path: Path, device: torch.device) -> torch.dtype:
+    """vLLM's dtype argument: "auto" (the checkpoint's dtype on a GPU, float32 on a CPU), a name, or a torch dtype."""
+    if isinstance(dtype, torch.dtype) and dtype.is_floating_point:
+        return dtype
+    if dtype is None or dtype == "auto":
+        if device.type == "cpu":
+            return torch.float32
+        saved = json.loads((path / "config.json").read_text())
+        return DTYPES.get(str(saved.get("dtype") or saved.get("torch_dtype")), torch.bfloat16)
+    if isinstance(dtype, str) and dtype.lower() in DTYPES:
+        return DTYPES[dtype.lower()]
+    raise ValueError(f"dtype must be 'auto', one of {sorted(DTYPES)} or a torch floating-point dtype, got {dtype!r}")
+
+
+def resolve_device(device) -> torch.device:
+    if device is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ValueError(f"device must be 'cpu', 'cuda' or 'cuda:N', got {device!r}") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {str(device)!r}: this machine has no CUDA GPU (use device='cpu')")
+    if device.type not in ("cpu", "cuda"):
+        raise ValueError(f"device must be 'cpu', 'cuda' or 'cuda:N', got {str(device)!r}")
+    return device
+
+
 def num_kv_blocks(config: ModelConfig, block_size: int, dtype: torch.dtype, device: torch.device, max_num_seqs: int,
                   max_model_len: int, gpu_memory_utilization: float, cpu_kv_cache_gib: float) -> int:
     """How many KV blocks to allocate: a share of the GPU's free memory, or a fixed budget on a CPU."""
     block_bytes = 2 * config.num_layers * block_size * config.num_kv_heads * config.head_dim * dtype.itemsize
     if device.type == "cuda":
+        gc.collect()  # an LLM dropped a moment ago (a notebook's `llm = LLM(...)` again) gives its memory back
+        torch.cuda.empty_cache()  # and the allocator returns what it kept cached
         free, _ = torch.cuda.mem_get_info(device)
         total = torch.cuda.get_device_properties(device).total_memory
         return int((free - (1 - gpu_memory_utilization) * total) // block_bytes)
@@ -43,128 +93,254 @@ def num_kv_blocks(config: ModelConfig, block_size: int, dtype: torch.dtype, devi
     return min(int(cpu_kv_cache_gib * 2**30 // block_bytes), needed)
 
 
-def prompt_to_ids(tokenizer, prompt) -> tuple[str | None, list[int]]:
-    """A string, a token-id list or chat messages -> (text or None, token ids)."""
-    if isinstance(prompt, str):
-        return prompt, tokenizer.encode(prompt)
-    if not isinstance(prompt, (list, tuple)):
-        raise ValueError("a prompt is a string, a list of token ids, or a list of chat messages (dicts)")
-    if prompt and all(isinstance(m, dict) for m in prompt):
-        ids = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True, enable_thinking=False)
-        ids = ids["input_ids"] if hasattr(ids, "keys") else ids
-        return tokenizer.decode(ids), list(ids)
-    if all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-        return None, list(prompt)
-    raise ValueError("a prompt is a string, a list of token ids, or a list of chat messages (dicts)")
-
-
 def as_prompt_list(prompts) -> list:
-    """One prompt (a string, token ids or chat messages) or a list of them -> a list of prompts."""
-    if isinstance(prompts, str) or (prompts and isinstance(prompts[0], (int, dict))) or not prompts:
+    """One prompt or a list of prompts -> a list of prompts (vLLM's forms, see PROMPT_FORMS)."""
+    if isinstance(prompts, (str, dict)):
         return [prompts]
+    if not isinstance(prompts, (list, tuple)):
+        raise TypeError(f"{PROMPT_FORMS}; got {type(prompts).__name__}")
+    if prompts and all(isinstance(t, int) and not isinstance(t, bool) for t in prompts):
+        return [list(prompts)]  # one prompt of token ids
     return list(prompts)
 
 
-def complete_output(out: RequestOutput, seq: Sequence) -> None:
-    """Fill a request's output from its finished sequence."""
-    c = seq.completion()
-    out.outputs = [CompletionOutput(0, c.text or "", c.token_ids, c.finish_reason)]
+def prompt_to_ids(tokenizer, prompt) -> tuple[str | None, list[int]]:
+    """One prompt -> (its text or None, its token ids). Malformed prompts raise TypeError or ValueError."""
+    if isinstance(prompt, dict) and isinstance(prompt.get("prompt_token_ids"), (list, tuple)):
+        prompt = list(prompt["prompt_token_ids"])
+    elif isinstance(prompt, dict) and isinstance(prompt.get("prompt"), str):
+        prompt = prompt["prompt"]
+    if isinstance(prompt, str):
+        try:
+            return prompt, tokenizer.encode(prompt)
+        except Exception as e:  # e.g. a lone surrogate: the tokenizer cannot encode it
+            raise ValueError(f"the text cannot be encoded ({type(e).__name__}: {e})") from None
+    if isinstance(prompt, (list, tuple)) and prompt and all(isinstance(m, dict) for m in prompt):
+        raise TypeError("chat messages go to LLM.chat(messages, sampling_params), not generate")
+    if isinstance(prompt, (list, tuple)) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        return None, list(prompt)
+    raise TypeError(f"{PROMPT_FORMS}; got {prompt!r:.80}")
+
+
+def complete_output(out: RequestOutput, seqs: list[Sequence]) -> None:
+    """Fill a request's output from its finished sequences (its n completions)."""
+    out.outputs = []
+    for seq in sorted(seqs, key=lambda s: s.index):
+        c = seq.completion()
+        out.outputs.append(CompletionOutput(seq.index, c.text or "", c.token_ids, c.finish_reason, seq.logprobs))
     out.finished = True
 
 
-class LLM:
-    """Offline inference, vLLM-style: LLM(model).generate(prompts, SamplingParams(...))."""
+def check_engine_args(**args) -> None:
+    """Every engine size argument is an integer >= 1 (record_steps >= 0); the error names the argument."""
+    for name, value in args.items():
+        least = 0 if name == "record_steps" else 1
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            raise ValueError(f"{name} must be an integer >= {least}, got {value!r}")
 
-    def __init__(self, model: str | None = None, dtype: torch.dtype | None = None, max_model_len: int = 4096,
-                 max_num_seqs: int = 256, max_num_batched_tokens: int = 8192, block_size: int = 16,
-                 enable_prefix_caching: bool = True, enable_chunked_prefill: bool = True, enforce_eager: bool = True,
-                 tensor_parallel_size: int = 1, gpu_memory_utilization: float = 0.9,
-                 num_gpu_blocks_override: int | None = None, seed: int = 0, device: str | None = None,
-                 cpu_kv_cache_gib: float = 1.0, record_steps: int = 0):
-        from transformers import AutoTokenizer
 
+class LLMSetup:
+    """LLM's construction and lifetime: arguments checked, model and tokenizer loaded, the engine and its
+    KV pool built at the first request (so an LLM built again in a notebook cell, `llm = LLM(...)`, finds
+    the memory of the one it replaces already free), and shutdown."""
+
+    def __init__(self, model: str | None = None, dtype="auto", max_model_len: int = 4096, max_num_seqs: int = 256,
+                 max_num_batched_tokens: int = 8192, block_size: int = 16, enable_prefix_caching: bool = True,
+                 enable_chunked_prefill: bool = True, enforce_eager: bool = True, tensor_parallel_size: int = 1,
+                 gpu_memory_utilization: float = 0.9, num_gpu_blocks_override: int | None = None, seed: int = 0,
+                 device: str | None = None, cpu_kv_cache_gib: float = 1.0, record_steps: int = 0):
+        from nanoserve.model.loader import eos_token_ids, load_model, load_tokenizer
+        from nanoserve.zoo import resolve_model
+
+        check_engine_args(max_model_len=max_model_len, max_num_seqs=max_num_seqs, block_size=block_size,
+                          max_num_batched_tokens=max_num_batched_tokens, record_steps=record_steps)
+        if num_gpu_blocks_override is not None:
+            check_engine_args(num_gpu_blocks_override=num_gpu_blocks_override)
+        if tensor_parallel_size != 1:
+            raise NotImplementedError("tensor parallelism arrives in lesson 07; use tensor_parallel_size=1")
+        if isinstance(gpu_memory_utilization, bool) or not 0 < gpu_memory_utilization <= 1:
+            raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization!r}")
+        if not cpu_kv_cache_gib > 0:
+            raise ValueError(f"cpu_kv_cache_gib must be > 0, got {cpu_kv_cache_gib!r}")
+        # enforce_eager is accepted for vLLM compatibility: until lesson 06 (CUDA graphs) every step is eager.
+        path = resolve_model(model)
+        device = resolve_device(device)
+        self.tokenizer = load_tokenizer(path)
+        self.model = load_model(path, dtype=resolve_dtype(dtype, path, device), device=device)
+        self.eos_token_ids = eos_token_ids(path, self.tokenizer)
+        self.max_model_len = min(max_model_len, self.model.config.max_position_embeddings)
+        self._pool = dict(block_size=block_size, prefix_caching=enable_prefix_caching, max_num_seqs=max_num_seqs,
+                          gpu_memory_utilization=gpu_memory_utilization, num_blocks=num_gpu_blocks_override,
+                          cpu_kv_cache_gib=cpu_kv_cache_gib)
+        self._engine_args = dict(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+                                 enable_chunked_prefill=enable_chunked_prefill, max_model_len=self.max_model_len,
+                                 seed=seed, record_steps=record_steps)
+        self._engine = None
+        self._routes: dict[int, deque] = {}  # seq_id -> the queue of tokens for the call that owns it
+
+    @property
+    def engine(self):
+        """The LLMEngine, with its KV pool: built at first use."""
         from nanoserve.cache.paged import PagedKVCache
         from nanoserve.cache.prefix import PrefixCachingKVCache
         from nanoserve.engine.llm_engine import LLMEngine
-        from nanoserve.model.loader import eos_token_ids, load_model
-        from nanoserve.zoo import resolve_model
 
-        if tensor_parallel_size != 1:
-            raise NotImplementedError("tensor parallelism arrives in lesson 07; use tensor_parallel_size=1")
-        if not 0 < gpu_memory_utilization <= 1:
-            raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
-        # enforce_eager is accepted for vLLM compatibility: until lesson 06 (CUDA graphs) every step is eager.
-        path = resolve_model(model)
-        self.tokenizer = AutoTokenizer.from_pretrained(path)
-        self.model = load_model(path, dtype=dtype, device=device)
-        config, weights = self.model.config, self.model.lm_head.weight
-        max_model_len = min(max_model_len, config.max_position_embeddings)
-        num_blocks = num_gpu_blocks_override if num_gpu_blocks_override is not None else num_kv_blocks(
-            config, block_size, weights.dtype, weights.device, max_num_seqs, max_model_len, gpu_memory_utilization,
-            cpu_kv_cache_gib)
-        if num_blocks < 1:
-            raise ValueError("no memory left for the KV cache: lower max_model_len or raise gpu_memory_utilization")
-        cache_cls = PrefixCachingKVCache if enable_prefix_caching else PagedKVCache
-        self.cache = cache_cls(config, num_blocks, block_size, weights.dtype, weights.device)
-        self.engine = LLMEngine(self.model, self.cache, self.tokenizer, eos_token_ids(path, self.tokenizer),
-                                max_num_seqs, max_num_batched_tokens, enable_chunked_prefill, max_model_len, seed,
-                                record_steps)
+        if self._engine is None:
+            if self.model is None:
+                raise RuntimeError("this LLM was shut down; create a new one")
+            weights, pool = self.model.lm_head.weight, self._pool
+            num_blocks = pool["num_blocks"] or num_kv_blocks(
+                self.model.config, pool["block_size"], weights.dtype, weights.device, pool["max_num_seqs"],
+                self.max_model_len, pool["gpu_memory_utilization"], pool["cpu_kv_cache_gib"])
+            if num_blocks < 1:
+                raise ValueError("no memory left for the KV cache: lower max_model_len or raise gpu_memory_utilization")
+            cache_cls = PrefixCachingKVCache if pool["prefix_caching"] else PagedKVCache
+            cache = cache_cls(self.model.config, num_blocks, pool["block_size"], weights.dtype, weights.device)
+            self._engine = LLMEngine(self.model, cache, self.tokenizer, self.eos_token_ids, **self._engine_args)
+        return self._engine
 
-    def _submit(self, prompts, sampling_params):
-        """Queue every prompt; returns outputs in input order (errors already filled in) and
-        {seq_id: (index in the call, sequence)}."""
-        prompts = as_prompt_list(prompts)
-        params = sampling_params if isinstance(sampling_params, list) else [sampling_params or SamplingParams()] * len(prompts)
-        if len(params) != len(prompts):
-            raise ValueError(f"{len(prompts)} prompts but {len(params)} SamplingParams")
-        outputs, seqs = [], {}
-        for i, (prompt, sp) in enumerate(zip(prompts, params)):
-            text, ids = None, []
+    @property
+    def cache(self):
+        return self.engine.cache
+
+    def shutdown(self) -> None:
+        """Free the model and the KV pool now (a `with LLM(...) as llm:` block does it on exit)."""
+        self._engine, self.model, self._routes = None, None, {}
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.shutdown()
+
+
+class CallRouter(LLMSetup):
+    """One shared step loop, many callers: each call's prompts are checked and queued together, and each
+    step's tokens go to the call that owns them (so streams and generate calls may be interleaved)."""
+
+    def _encode(self, prompts) -> list[tuple[str | None, list[int]]]:
+        """Every prompt as (text, ids); a malformed one raises, naming its index, before anything is queued."""
+        encoded = []
+        for i, prompt in enumerate(as_prompt_list(prompts)):
             try:
-                text, ids = prompt_to_ids(self.tokenizer, prompt)
-                seq = self.engine.add_request(ids, sp)
-                seqs[seq.seq_id] = (i, seq)
+                encoded.append(prompt_to_ids(self.tokenizer, prompt))
+            except (TypeError, ValueError) as e:
+                raise type(e)(f"prompt {i}: {e}") from None
+        return encoded
+
+    def _submit(self, encoded: list[tuple[str | None, list[int]]], sampling_params):
+        """Queue every (text, ids) prompt; returns outputs in input order (unservable ones already failed)
+        and {seq_id: (prompt index, sequence)}. A malformed parameter raises before anything is queued."""
+        params = sampling_params if sampling_params is not None else SamplingParams()
+        params = list(params) if isinstance(params, (list, tuple)) else [params] * len(encoded)
+        if len(params) != len(encoded):
+            raise ValueError(f"{len(encoded)} prompts but {len(params)} SamplingParams")
+        for i, sp in enumerate(params):
+            if not isinstance(sp, SamplingParams):
+                raise TypeError(f"sampling_params {i}: expected SamplingParams, got {type(sp).__name__}")
+        outputs, seqs = [], {}
+        try:
+            for i, ((text, ids), sp) in enumerate(zip(encoded, params)):
+                try:
+                    first = self.engine.add_request(ids, sp)
+                except ValueError as e:  # well formed, but it cannot be served: this request fails alone
+                    outputs.append(RequestOutput(i, text, ids, [CompletionOutput(0, "", [], "error")], True,
+                                                 f"prompt {i}: {e}"))
+                    continue
+                seqs.update((s.seq_id, (i, s)) for s in [first, *first.forks])
                 outputs.append(RequestOutput(i, text, ids, finished=False))
-            except ValueError as e:  # this request fails alone
-                outputs.append(RequestOutput(i, text, ids, [CompletionOutput(0, "", [], "error")], True, str(e)))
+        except BaseException:
+            self._abort(seqs)
+            raise
         return outputs, seqs
 
-    def _abort(self, seqs) -> None:
-        """Drop this call's unfinished requests (an exception, or a stream abandoned early)."""
+    def _run(self, seqs: dict):
+        """Yield (sequence, token, new text, finished) for these sequences, in the order they are made, until
+        all are finished. Steps are shared: tokens of other calls' sequences go to their own callers' queues."""
+        queue = deque()  # this call's tokens, not yet yielded
+        self._routes.update((seq_id, queue) for seq_id in seqs)
+        try:
+            pending = set(seqs)
+            while pending:
+                if not queue:
+                    for seq, token in self.engine.step():
+                        if token is not None and seq.seq_id in self._routes:
+                            finished = seq.status is SequenceStatus.FINISHED
+                            self._routes[seq.seq_id].append((seq.seq_id, token, seq.new_text, finished))
+                while queue:
+                    seq_id, token, text, finished = queue.popleft()
+                    yield seqs[seq_id][1], token, text, finished
+                    if finished:
+                        pending.discard(seq_id)
+        finally:  # finished, an exception, or a stream its caller stopped reading
+            for seq_id in seqs:
+                self._routes.pop(seq_id, None)
+            self._abort(seqs)
+
+    def _abort(self, seqs: dict) -> None:
         for _, seq in seqs.values():
             if seq.status is not SequenceStatus.FINISHED:
                 self.engine.scheduler.abort(seq)
 
-    def generate(self, prompts, sampling_params: SamplingParams | list[SamplingParams] | None = None,
-                 use_tqdm: bool = True) -> list[RequestOutput]:
-        """Complete every prompt; outputs come back in input order."""
-        outputs, seqs = self._submit(prompts, sampling_params)
-        bar = tqdm(total=len(seqs), desc="generating", unit="req", disable=not use_tqdm)
+    def _collect(self, encoded, sampling_params, use_tqdm: bool) -> list[RequestOutput]:
+        outputs, seqs = self._submit(encoded, sampling_params)
+        groups: dict[int, list[Sequence]] = {}
+        for i, seq in seqs.values():
+            groups.setdefault(i, []).append(seq)
+        bar = tqdm(total=len(groups), desc="generating", unit="req", disable=not use_tqdm)
         start, generated = time.perf_counter(), 0
         try:
-            while self.engine.has_unfinished():
-                for seq, token in self.engine.step():
-                    generated += token is not None
-                    if seq.status is SequenceStatus.FINISHED:
-                        complete_output(outputs[seqs[seq.seq_id][0]], seq)
-                        bar.update()
-                bar.set_postfix_str(f"{generated / (time.perf_counter() - start):.0f} tok/s")
+            for seq, _, _, finished in self._run(seqs):
+                generated += 1
+                i = seqs[seq.seq_id][0]
+                if finished and all(s.status is SequenceStatus.FINISHED for s in groups[i]):
+                    complete_output(outputs[i], groups[i])
+                    bar.update()
+                bar.set_postfix_str(f"{generated / (time.perf_counter() - start):.0f} tok/s", refresh=False)
         finally:
-            self._abort(seqs)
             bar.close()
         return outputs
 
+
+class LLM(CallRouter):
+    """Offline inference, vLLM-style: LLM(model).generate(prompts, SamplingParams(...)), .chat, .stream."""
+
+    def generate(self, prompts, sampling_params: SamplingParams | list[SamplingParams] | None = None,
+                 use_tqdm: bool = True) -> list[RequestOutput]:
+        """Complete every prompt; outputs come back in input order. A malformed prompt or parameter raises
+        before anything is queued; a prompt that cannot be served (empty, too long) fails alone."""
+        return self._collect(self._encode(prompts), sampling_params, use_tqdm)
+
+    def chat(self, messages, sampling_params: SamplingParams | list[SamplingParams] | None = None,
+             use_tqdm: bool = True, chat_template_kwargs: dict | None = None) -> list[RequestOutput]:
+        """Answer one conversation (a list of {"role", "content"} messages) or a list of conversations, through
+        the model's chat template (Qwen3's thinking off unless chat_template_kwargs say otherwise)."""
+        if not isinstance(messages, (list, tuple)) or not messages:
+            raise TypeError("messages: a conversation (a list of {'role', 'content'} dicts) or a list of them")
+        conversations = [messages] if isinstance(messages[0], dict) else list(messages)
+        encoded = []
+        for i, conversation in enumerate(conversations):
+            if not isinstance(conversation, (list, tuple)) or not conversation or not all(
+                    isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+                    for m in conversation):
+                raise ValueError(f"conversation {i}: a conversation is a non-empty list of "
+                                 f"{{'role': str, 'content': str}} messages, got {conversation!r:.80}")
+            ids = self.tokenizer.apply_chat_template(conversation, add_generation_prompt=True, tokenize=True,
+                                                     **{"enable_thinking": False, **(chat_template_kwargs or {})})
+            ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+            encoded.append((self.tokenizer.decode(ids), ids))
+        return self._collect(encoded, sampling_params, use_tqdm)
+
     def stream(self, prompts, sampling_params=None):
-        """Yield (prompt index, new text, new token id, finished) as tokens are produced. A request that
-        failed yields once, with token None and the error as its text."""
-        outputs, seqs = self._submit(prompts, sampling_params)
+        """Yield StreamItems (prompt index, new text, new token id, finished; .completion) as tokens are made.
+        A request that failed yields once, with token None and the error as its text. Several streams and
+        generate calls may be interleaved on one LLM: each gets its own requests' tokens."""
+        outputs, seqs = self._submit(self._encode(prompts), sampling_params)
         for out in outputs:
             if out.error:
-                yield out.request_id, out.error, None, True
-        try:
-            while self.engine.has_unfinished():
-                for seq, token in self.engine.step():
-                    if token is not None:
-                        yield seqs[seq.seq_id][0], seq.new_text, token, seq.status is SequenceStatus.FINISHED
-        finally:  # also when the caller stops reading early
-            self._abort(seqs)
+                yield StreamItem(out.request_id, out.error, None, True)
+        for seq, token, text, finished in self._run(seqs):
+            yield StreamItem(seqs[seq.seq_id][0], text, token, finished, seq.index)

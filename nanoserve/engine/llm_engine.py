@@ -6,11 +6,13 @@ import random
 from collections import deque
 from dataclasses import dataclass
 
+from nanoserve.cache.block_manager import OutOfBlocks
 from nanoserve.cache.paged import PagedKVCache
 from nanoserve.engine.model_runner import ModelRunner
 from nanoserve.engine.sampling_params import SamplingParams
 from nanoserve.engine.scheduler import ScheduledBatch, Scheduler
-from nanoserve.engine.sequence import Sequence
+from nanoserve.engine.sequence import Sequence, SequenceStatus, completion_seed
+from nanoserve.model.qwen3 import Qwen3ForCausalLM
 
 
 @dataclass
@@ -35,8 +37,8 @@ class StepRecord:
 
 
 class LLMEngine:
-    def __init__(self, model, cache: PagedKVCache, tokenizer=None, eos_token_ids=(), max_num_seqs: int = 256,
-                 max_num_batched_tokens: int = 8192, enable_chunked_prefill: bool = True,
+    def __init__(self, model: Qwen3ForCausalLM, cache: PagedKVCache, tokenizer=None, eos_token_ids=(),
+                 max_num_seqs: int = 256, max_num_batched_tokens: int = 8192, enable_chunked_prefill: bool = True,
                  max_model_len: int = 4096, seed: int = 0, record_steps: int = 0):
         self.model, self.cache, self.tokenizer, self.eos = model, cache, tokenizer, set(eos_token_ids)
         self.scheduler = Scheduler(cache, max_num_seqs, max_num_batched_tokens, enable_chunked_prefill)
@@ -64,10 +66,12 @@ class LLMEngine:
             raise ValueError(f"a prompt of {len(prompt_ids)} tokens exceeds max_num_batched_tokens "
                              f"{self.scheduler.max_num_batched_tokens} and chunked prefill is off")
         seed = params.seed if params.seed is not None else self.seeder.getrandbits(62)
-        seq = Sequence(self.next_id, prompt_ids, params, seed, self.eos, self.tokenizer)  # checks the prompt
-        self.next_id += 1
-        self.scheduler.add(seq)
-        return seq
+        seqs = [Sequence(self.next_id + i, prompt_ids, params, completion_seed(seed, i), self.eos, self.tokenizer, i)
+                for i in range(params.n)]  # Sequence checks the prompt
+        self.next_id += params.n
+        seqs[0].forks = seqs[1:]  # the others start from its computed prompt (see step)
+        self.scheduler.add(seqs[0])
+        return seqs[0]
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
@@ -77,16 +81,36 @@ class LLMEngine:
         batch = self.scheduler.schedule()  # takes the step's KV space: the only allocation
         if not batch.seqs:
             raise RuntimeError("nothing could be scheduled: the KV pool is too small for the next request")
-        tokens = self.runner.run(batch)
-        for seq, n, token in zip(batch.seqs, batch.num_new, tokens):
+        tokens, logprobs = self.runner.run(batch)
+        for seq, n, token, lp in zip(batch.seqs, batch.num_new, tokens, logprobs):
             seq.num_computed += n
             self.cache.commit(seq.seq_id, seq.token_ids, seq.num_computed)  # its K/V are written: shareable now
+            if seq.forks and seq.num_computed >= seq.num_prompt_tokens:
+                self._start_forks(seq)
             if token is not None:
+                if seq.logprobs is not None:
+                    seq.logprobs.append(lp)
                 seq.append(token)
                 if seq.finish_reason is not None:
                     self.scheduler.finish(seq)
         self._count(batch, tokens)
         return list(zip(batch.seqs, tokens))
+
+    def _start_forks(self, seq: Sequence) -> None:
+        """The request's other completions share seq's computed prompt; each recomputes only the prompt's
+        last token (its logits give the completion's own first token). Without room, one waits and is
+        admitted like any request."""
+        for child in seq.forks:
+            try:
+                if len(self.scheduler.running) >= self.scheduler.max_num_seqs:
+                    raise OutOfBlocks("no seat")
+                self.cache.fork(seq.seq_id, child.seq_id, seq.num_prompt_tokens - 1)
+            except OutOfBlocks:
+                self.scheduler.waiting.appendleft(child)
+                continue
+            child.num_computed, child.status = seq.num_prompt_tokens - 1, SequenceStatus.RUNNING
+            self.scheduler.running.append(child)
+        seq.forks = []
 
     def _count(self, batch: ScheduledBatch, tokens: list[int | None]) -> None:
         stats = self.stats

@@ -8,6 +8,7 @@ from nanoserve.cache.metadata import StepMetadataBuilder
 from nanoserve.cache.paged import PagedKVCache
 from nanoserve.engine.sampler import Sampler
 from nanoserve.engine.scheduler import ScheduledBatch
+from nanoserve.model.qwen3 import Qwen3ForCausalLM
 
 
 def prepare_inputs(batch: ScheduledBatch) -> tuple[list[tuple[int, int, list[int]]], list[bool]]:
@@ -22,21 +23,42 @@ def prepare_inputs(batch: ScheduledBatch) -> tuple[list[tuple[int, int, list[int
 
 
 class ModelRunner:
-    def __init__(self, model, cache: PagedKVCache, max_num_seqs: int, max_num_batched_tokens: int, max_model_len: int):
+    def __init__(self, model: Qwen3ForCausalLM, cache: PagedKVCache, max_num_seqs: int,
+                 max_num_batched_tokens: int, max_model_len: int):
         self.model, self.cache, self.sampler = model, cache, Sampler()
         device = next(model.parameters()).device
         self.builder = StepMetadataBuilder(max_num_batched_tokens, max_num_seqs, -(-max_model_len // cache.block_size),
                                            device)
 
     @torch.inference_mode()
-    def run(self, batch: ScheduledBatch) -> list[int | None]:
-        """The token sampled for each sequence of the batch (None: still prefilling)."""
+    def run(self, batch: ScheduledBatch) -> tuple[list[int | None], list[dict[int, float] | None]]:
+        """The token sampled for each sequence of the batch (None: still prefilling), and its log-probs
+        (for sequences that asked for them)."""
         step, sample = prepare_inputs(batch)
         meta = self.builder.build(self.cache, step, sample)  # the one description of this step
         hidden = self.model(meta.input_ids, meta.positions, self.cache, meta)
         sampled = [seq for seq, s in zip(batch.seqs, sample) if s]
         if not sampled:
-            return [None] * len(batch.seqs)
-        tokens = iter(self.sampler(self.model.compute_logits(hidden[meta.sample_rows]), [s.params for s in sampled],
-                                   [s.seed for s in sampled], [s.num_output_tokens for s in sampled]))
-        return [next(tokens) if s else None for s in sample]
+            return [None] * len(batch.seqs), [None] * len(batch.seqs)
+        logits = self.model.compute_logits(hidden[meta.sample_rows])
+        tokens = self.sampler(logits, [s.params for s in sampled], [s.seed for s in sampled],
+                              [s.num_output_tokens for s in sampled])
+        logprobs = top_logprobs(logits, tokens, [s.params.logprobs for s in sampled])
+        tokens, logprobs = iter(tokens), iter(logprobs)
+        return [next(tokens) if s else None for s in sample], [next(logprobs) if s else None for s in sample]
+
+
+def top_logprobs(logits: torch.Tensor, tokens: list[int], ks: list[int | None]) -> list[dict[int, float] | None]:
+    """For rows whose k is not None: {token: log-prob} of the sampled token and the k likeliest, from the
+    model's raw distribution (before temperature, top-k and top-p, as vLLM returns them)."""
+    wanted = [i for i, k in enumerate(ks) if k is not None]
+    out: list[dict[int, float] | None] = [None] * len(ks)
+    if wanted:
+        logprobs = logits[wanted].float().log_softmax(dim=-1)
+        top = logprobs.topk(max(ks[i] for i in wanted), dim=-1)
+        chosen = logprobs[torch.arange(len(wanted)), torch.tensor([tokens[i] for i in wanted])].tolist()
+        for row, i in enumerate(wanted):
+            k = ks[i]
+            out[i] = dict(zip(top.indices[row, :k].tolist(), top.values[row, :k].tolist()))
+            out[i][tokens[i]] = chosen[row]
+    return out

@@ -16,6 +16,8 @@ class SamplingParams:
     stop: list[str] = field(default_factory=list)  # the text ends just before the first of these
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False  # keep going past the end-of-sequence token (benchmarks)
+    n: int = 1  # completions of the prompt (the engine shares the prompt's KV blocks among them)
+    logprobs: int | None = None  # also return each new token's log-probability and the top-k of its step
 
     def __post_init__(self):
         def bad(message):
@@ -24,6 +26,8 @@ class SamplingParams:
         if isinstance(self.temperature, bool) or not isinstance(self.temperature, (int, float)) \
                 or not math.isfinite(self.temperature) or self.temperature < 0:
             bad(f"temperature must be a finite number >= 0, got {self.temperature!r}")
+        if self.temperature < 1e-5:  # as vLLM: dividing logits by a tiny temperature overflows; it is greedy
+            self.temperature = 0.0
         if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < -1:
             bad(f"top_k must be an integer >= 1, or 0/-1 for no limit, got {self.top_k!r}")
         self.top_k = max(self.top_k, 0)
@@ -38,6 +42,11 @@ class SamplingParams:
         self.stop = [self.stop] if isinstance(self.stop, str) else list(self.stop)
         if not all(isinstance(s, str) and s for s in self.stop):
             bad(f"stop must be a non-empty string or a list of them, got {self.stop!r}")
+        if isinstance(self.n, bool) or not isinstance(self.n, int) or self.n < 1:
+            bad(f"n must be an integer >= 1, got {self.n!r}")
+        if self.logprobs is not None and (isinstance(self.logprobs, bool) or not isinstance(self.logprobs, int)
+                                          or self.logprobs < 0):
+            bad(f"logprobs must be None or an integer >= 0, got {self.logprobs!r}")
         self.stop_token_ids = list(self.stop_token_ids or [])
         if not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in self.stop_token_ids):
             bad(f"stop_token_ids must be token ids (integers >= 0), got {self.stop_token_ids!r}")

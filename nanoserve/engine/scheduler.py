@@ -57,7 +57,7 @@ class SequenceQueues:
             self.finish(seq)
         elif seq in self.waiting:
             self.waiting.remove(seq)
-            seq.status = SequenceStatus.FINISHED
+        seq.status = SequenceStatus.FINISHED  # also a fork that never started
 
 
 class Scheduler(SequenceQueues):

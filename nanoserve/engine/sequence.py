@@ -15,8 +15,16 @@ class SequenceStatus(Enum):
 
 
 class Sequence(Request):
-    def __init__(self, seq_id: int, prompt_ids: list[int], params, seed: int, eos=(), tokenizer=None):
+    def __init__(self, seq_id: int, prompt_ids: list[int], params, seed: int, eos=(), tokenizer=None, index: int = 0):
         super().__init__(seq_id, prompt_ids, params, seed, set(eos), tokenizer)
         self.status = SequenceStatus.WAITING
         self.num_computed = 0  # leading tokens whose K/V are in the cache
         self.num_preemptions = 0
+        self.index = index  # which of its request's n completions this is
+        self.forks: list[Sequence] = []  # the request's other completions, until this one's prompt is computed
+        self.logprobs: list[dict[int, float]] | None = [] if params.logprobs is not None else None
+
+
+def completion_seed(seed: int, index: int) -> int:
+    """The seed of completion `index` of a request: its own reproducible stream (index 0 keeps the seed)."""
+    return (seed + index * 0x9E3779B97F4A7C15) % 2**63  # a large odd step: distinct streams

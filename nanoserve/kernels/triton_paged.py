@@ -9,6 +9,11 @@ A sequence's block_tables row lists its block ids in order (padded with -1); con
 the tokens of sequence b whose K/V are in the cache, the new ones included (K/V are stored first).
 Query head h reads kv head h // group, group = num_heads // num_kv_heads (grouped-query attention).
 
+Head dims. tl.arange and tl.dot take power-of-two sizes only, but head_dim need not be one (80, 96,
+192 exist). The attention kernels work on D_PAD columns, D rounded up to a power of two, and mask the
+columns >= D: they load as 0 (so they add nothing to q.k, and p @ v leaves zeros there) and are never
+stored. For D a power of two the masks vanish at compile time.
+
 Every kernel has a plain-torch twin with the same arguments in nanoserve/kernels/paged.py (the CPU
 path); the tests compare the two. Read the torch version first: it is the definition.
 """
@@ -19,12 +24,30 @@ import triton.language as tl
 LOG2E = 1.4426950408889634  # exp(x) == exp2(x * LOG2E); exp2 is the GPU's native instruction
 
 
+def _padded_head_dim(D):
+    return max(16, triton.next_power_of_2(D))  # a power of two, and tl.dot wants at least 16
+
+
+@triton.jit
+def _tile_mask(rows_ok, d, D: tl.constexpr, D_PAD: tl.constexpr):
+    """Mask of a [rows, D_PAD] tile: rows_ok [rows] and, if D was padded, the column d [D_PAD] < D.
+
+    With no padding (D_PAD == D, decided at compile time) the column test is left out, so the kernel
+    is exactly the one written for D alone: power-of-two head dims pay nothing for the others."""
+    if D_PAD == D:
+        mask = rows_ok[:, None]
+    else:
+        mask = rows_ok[:, None] & (d[None, :] < D)
+    return mask
+
+
 # ---------------------------------------------------------------------------------- store_kv
 
 @triton.jit
 def _store_kv_kernel(k_cache, v_cache, slot_mapping, k, v, stride_k, stride_v,
                      ROW: tl.constexpr, ROW_POW2: tl.constexpr):
     # One program per new token: copy its whole [kv_heads * D] row of K and of V into its slot.
+    # The row is copied as one flat vector, padded to a power of two and masked, so any D works.
     i = tl.program_id(0)
     slot = tl.load(slot_mapping + i).to(tl.int64)  # int64: slot * ROW can pass 2**31 in a big cache
     if slot < 0:  # slot -1 = a token whose K/V are kept nowhere (e.g. padding): write nothing
@@ -33,6 +56,16 @@ def _store_kv_kernel(k_cache, v_cache, slot_mapping, k, v, stride_k, stride_v,
     mask = cols < ROW
     tl.store(k_cache + slot * ROW + cols, tl.load(k + i * stride_k + cols, mask=mask), mask=mask)
     tl.store(v_cache + slot * ROW + cols, tl.load(v + i * stride_v + cols, mask=mask), mask=mask)
+
+
+def _check_caches(k_cache, v_cache):
+    # The kernels compute each slot's address from the shape ([num_blocks, block_size, kv_heads, D],
+    # packed): a strided view, or K and V shaped differently, would be read and written wrongly.
+    if k_cache.shape != v_cache.shape or k_cache.dim() != 4:
+        raise ValueError(f"k_cache {tuple(k_cache.shape)} and v_cache {tuple(v_cache.shape)} must both be "
+                         "[num_blocks, block_size, kv_heads, head_dim]")
+    if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
+        raise ValueError("k_cache and v_cache must be contiguous (the kernels address slots as packed rows)")
 
 
 def _rows_contiguous(x):
@@ -44,7 +77,10 @@ def _rows_contiguous(x):
 
 def store_kv(k_cache, v_cache, slot_mapping, k, v):
     """Triton version of paged_attention.store_kv. k, v: [T, kv_heads, D]; slot_mapping: [T] int32/int64."""
-    assert k_cache.is_contiguous() and v_cache.is_contiguous()
+    _check_caches(k_cache, v_cache)
+    if k.shape != v.shape or k.shape[1:] != k_cache.shape[2:]:
+        raise ValueError(f"k {tuple(k.shape)} and v {tuple(v.shape)} must both be [T, kv_heads, head_dim] "
+                         f"with the cache's kv_heads, head_dim {tuple(k_cache.shape[2:])}")
     k, v = _rows_contiguous(k), _rows_contiguous(v)  # slices of a wider tensor keep their row stride
     T, kv_heads, D = k.shape
     if T == 0:
@@ -65,12 +101,13 @@ def store_kv(k_cache, v_cache, slot_mapping, k, v):
 #      there would be 8, so the context is cut into `splits` chunks handled by different programs
 #      (split-K), each leaving a partial (max, sum, unnormalized acc) that a second kernel combines;
 #  (c) each loop iteration gathers BLOCK_N tokens (several pages) through the block table.
+# Tiles are D_PAD wide (see the module docstring); _tile_mask adds the head-dim mask when D < D_PAD.
 
 @triton.jit
 def _decode_kernel(q, k_cache, v_cache, block_tables, context_lens, out, part_acc, part_ml,
                    qk_scale, stride_qb, stride_qh, stride_ob, stride_oh, stride_bt, chunk, num_splits,
                    GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, KV_HEADS: tl.constexpr,
-                   D: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
+                   D: tl.constexpr, D_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
                    SPLIT: tl.constexpr, PRECISION: tl.constexpr):
     # num_splits and chunk are run-time values: as contexts grow from step to step the split count
     # changes, and a compile-time value would compile a new kernel each time it did.
@@ -80,14 +117,14 @@ def _decode_kernel(q, k_cache, v_cache, block_tables, context_lens, out, part_ac
     end = tl.minimum(start + chunk, context_len)
 
     g = tl.arange(0, GROUP_PAD)  # query heads of the group (rows >= GROUP are padding, never stored)
-    d = tl.arange(0, D)
+    d = tl.arange(0, D_PAD)
     heads = kv_head * GROUP + g
     q_tile = tl.load(q + b * stride_qb + heads[:, None] * stride_qh + d[None, :],
-                     mask=g[:, None] < GROUP, other=0.0)  # [GROUP_PAD, D]
+                     mask=_tile_mask(g < GROUP, d, D, D_PAD), other=0.0)  # [GROUP_PAD, D_PAD]
 
     m = tl.full([GROUP_PAD], float("-inf"), tl.float32)  # running max of the scores (log2 units)
     l = tl.zeros([GROUP_PAD], tl.float32)                 # running sum of exp2(score - m)
-    acc = tl.zeros([GROUP_PAD, D], tl.float32)            # running sum of exp2(score - m) * v
+    acc = tl.zeros([GROUP_PAD, D_PAD], tl.float32)        # running sum of exp2(score - m) * v
 
     table = block_tables + b * stride_bt
     for n0 in range(start, end, BLOCK_N):
@@ -97,8 +134,9 @@ def _decode_kernel(q, k_cache, v_cache, block_tables, context_lens, out, part_ac
         block_ids = tl.load(table + tokens // BLOCK_SIZE, mask=valid, other=0)
         slots = block_ids.to(tl.int64) * BLOCK_SIZE + tokens % BLOCK_SIZE
         rows = slots * (KV_HEADS * D) + kv_head * D  # start of this token's head-D row
-        k = tl.load(k_cache + rows[:, None] + d[None, :], mask=valid[:, None], other=0.0)  # [BLOCK_N, D]
-        v = tl.load(v_cache + rows[:, None] + d[None, :], mask=valid[:, None], other=0.0)
+        kv_mask = _tile_mask(valid, d, D, D_PAD)
+        k = tl.load(k_cache + rows[:, None] + d[None, :], mask=kv_mask, other=0.0)  # [BLOCK_N, D_PAD]
+        v = tl.load(v_cache + rows[:, None] + d[None, :], mask=kv_mask, other=0.0)
 
         # tensor cores; the group is padded to 16 rows, the fewest a tl.dot takes (measured on the
         # H200: 3-4x faster than a multiply-and-sum on the CUDA cores, padding and all)
@@ -116,36 +154,53 @@ def _decode_kernel(q, k_cache, v_cache, block_tables, context_lens, out, part_ac
     if not SPLIT:  # the whole context was ours: normalize and write the answer
         o = acc / l[:, None]
         tl.store(out + b * stride_ob + heads[:, None] * stride_oh + d[None, :],
-                 o.to(out.dtype.element_ty), mask=g[:, None] < GROUP)
+                 o.to(out.dtype.element_ty), mask=_tile_mask(g < GROUP, d, D, D_PAD))
     else:  # write the partial result; a split past the end leaves m = -inf, l = 0, acc = 0
+        # partials are kept D_PAD wide, padding included (zeros: v's padding loaded as 0): that
+        # spares the column masks here and in the reduce kernel
         idx = (b * (KV_HEADS * GROUP) + heads) * num_splits + split  # [B, H, num_splits] order
-        tl.store(part_acc + idx[:, None] * D + d[None, :], acc, mask=g[:, None] < GROUP)
+        tl.store(part_acc + idx[:, None] * D_PAD + d[None, :], acc, mask=g[:, None] < GROUP)
         tl.store(part_ml + idx * 2, m, mask=g < GROUP)
         tl.store(part_ml + idx * 2 + 1, l, mask=g < GROUP)
 
 
 @triton.jit
 def _decode_reduce_kernel(part_acc, part_ml, out, stride_ob, stride_oh, num_splits, NUM_HEADS: tl.constexpr,
-                          D: tl.constexpr, SPLITS_POW2: tl.constexpr):
+                          D: tl.constexpr, D_PAD: tl.constexpr, SPLITS_POW2: tl.constexpr):
     # One program per (sequence, head): combine the splits' partial softmaxes.
     # Split i saw sum_i = sum exp2(s - m_i) and acc_i = sum exp2(s - m_i) v. Rescaled to the global
     # max M, the full softmax is sum_i exp2(m_i - M) acc_i / sum_i exp2(m_i - M) sum_i.
     h, b = tl.program_id(0), tl.program_id(1)
     i = tl.arange(0, SPLITS_POW2)
-    d = tl.arange(0, D)
+    d = tl.arange(0, D_PAD)  # part_acc rows are D_PAD wide; only the first D columns are stored
     base = (b * NUM_HEADS + h) * num_splits + i
     m = tl.load(part_ml + base * 2, mask=i < num_splits, other=float("-inf"))
     l = tl.load(part_ml + base * 2 + 1, mask=i < num_splits, other=0.0)
-    acc = tl.load(part_acc + base[:, None] * D + d[None, :], mask=(i < num_splits)[:, None], other=0.0)
+    acc = tl.load(part_acc + base[:, None] * D_PAD + d[None, :], mask=(i < num_splits)[:, None], other=0.0)
     w = tl.exp2(m - tl.max(m, axis=0))  # empty splits: exp2(-inf) = 0
     o = tl.sum(acc * w[:, None], axis=0) / tl.sum(l * w, axis=0)
-    tl.store(out + b * stride_ob + h * stride_oh + d, o.to(out.dtype.element_ty))
+    tl.store(out + b * stride_ob + h * stride_oh + d, o.to(out.dtype.element_ty), mask=d < D)
 
 
 def _num_sms(device):
     if device.type == "cuda":
         return torch.cuda.get_device_properties(device).multi_processor_count
     return 132  # the interpreter on a CPU: pretend to be an H100/H200 so the same splits are tested
+
+
+def _check_attention_inputs(q, k_cache, v_cache, scale):
+    """q with unit stride along head_dim, the query heads per kv head, the padded head dim and the softmax
+    scale the kernels are launched with; a ValueError for what cannot work."""
+    if q.stride(-1) != 1:
+        q = q.contiguous()
+    _check_caches(k_cache, v_cache)
+    num_heads, D = q.shape[-2:]
+    kv_heads, cache_dim = k_cache.shape[2:]
+    if D != cache_dim:
+        raise ValueError(f"q has head_dim {D} but the cache holds head_dim {cache_dim}")
+    if num_heads % kv_heads:
+        raise ValueError(f"{num_heads} query heads cannot share {kv_heads} kv heads evenly")
+    return q, num_heads // kv_heads, _padded_head_dim(D), D**-0.5 if scale is None else scale
 
 
 def decode_num_splits(batch, kv_heads, max_context_len, device, block_n=64):
@@ -166,13 +221,9 @@ def paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scal
     max_context_len: max(context_lens), if the caller knows it (saves a GPU->CPU sync).
     The rest are tuning knobs for bench/attention_kernels.py; None picks the defaults.
     """
-    if q.stride(-1) != 1:
-        q = q.contiguous()
+    q, group, d_pad, scale = _check_attention_inputs(q, k_cache, v_cache, scale)
     B, num_heads, D = q.shape
     _, block_size, kv_heads, _ = k_cache.shape
-    assert k_cache.is_contiguous() and v_cache.is_contiguous() and D == triton.next_power_of_2(D)
-    group = num_heads // kv_heads
-    scale = D**-0.5 if scale is None else scale
     if max_context_len is None:
         max_context_len = int(context_lens.max())
     block_n = block_n or 64
@@ -184,7 +235,7 @@ def paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scal
 
     out = torch.empty_like(q)
     if num_splits > 1:
-        part_acc = torch.empty(B, num_heads, num_splits, D, dtype=torch.float32, device=q.device)
+        part_acc = torch.empty(B, num_heads, num_splits, d_pad, dtype=torch.float32, device=q.device)
         part_ml = torch.empty(B, num_heads, num_splits, 2, dtype=torch.float32, device=q.device)
     else:
         part_acc = part_ml = out  # unused
@@ -192,13 +243,13 @@ def paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scal
         q, k_cache, v_cache, block_tables, context_lens, out, part_acc, part_ml,
         scale * LOG2E, q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0), chunk, num_splits,
         GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)),
-        KV_HEADS=kv_heads, D=D, BLOCK_SIZE=block_size, BLOCK_N=block_n, SPLIT=num_splits > 1,
+        KV_HEADS=kv_heads, D=D, D_PAD=d_pad, BLOCK_SIZE=block_size, BLOCK_N=block_n, SPLIT=num_splits > 1,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         num_warps=num_warps or 4, num_stages=num_stages or 3)  # best of the H200 sweep
     if num_splits > 1:
         _decode_reduce_kernel[(num_heads, B)](
-            part_acc, part_ml, out, out.stride(0), out.stride(1), num_splits, NUM_HEADS=num_heads, D=D,
-            SPLITS_POW2=triton.next_power_of_2(num_splits), num_warps=4)
+            part_acc, part_ml, out, out.stride(0), out.stride(1), num_splits, NUM_HEADS=num_heads,
+            D=D, D_PAD=d_pad, SPLITS_POW2=triton.next_power_of_2(num_splits), num_warps=4)
     return out
 
 
@@ -209,11 +260,12 @@ def paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scal
 # [n, L] score matrix is never written out. Keys come through the block table, like in decode.
 # The new tokens are the last n of context_len, so token i (0-based among the new) sits at
 # position context_len - n + i and sees keys 0 .. that position (a cached prefix included).
+# Tiles are D_PAD wide and masked to the real head dim, as in decode.
 
 @triton.jit
 def _prefill_kernel(q, k_cache, v_cache, cu_seqlens_q, context_lens, block_tables, out, qk_scale,
                     stride_qt, stride_qh, stride_ot, stride_oh, stride_bt, num_m_tiles,
-                    GROUP: tl.constexpr, KV_HEADS: tl.constexpr, D: tl.constexpr,
+                    GROUP: tl.constexpr, KV_HEADS: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr,
                     BLOCK_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                     PRECISION: tl.constexpr):
     # Heads vary fastest in the grid, so the `group` programs that share a kv head run side by side
@@ -231,13 +283,13 @@ def _prefill_kernel(q, k_cache, v_cache, cu_seqlens_q, context_lens, block_table
     rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)  # index among this sequence's new tokens
     row_ok = rows < n_new
     q_pos = context_len - n_new + rows              # position in the sequence
-    d = tl.arange(0, D)
+    d = tl.arange(0, D_PAD)
     q_tile = tl.load(q + (q_start + rows)[:, None] * stride_qt + h * stride_qh + d[None, :],
-                     mask=row_ok[:, None], other=0.0)  # [BLOCK_M, D]
+                     mask=_tile_mask(row_ok, d, D, D_PAD), other=0.0)  # [BLOCK_M, D_PAD]
 
     m = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, D], tl.float32)
+    acc = tl.zeros([BLOCK_M, D_PAD], tl.float32)
 
     table = block_tables + b * stride_bt
     kv_end = tl.minimum(context_len, context_len - n_new + (tile + 1) * BLOCK_M)  # last row's pos + 1
@@ -247,8 +299,9 @@ def _prefill_kernel(q, k_cache, v_cache, cu_seqlens_q, context_lens, block_table
         block_ids = tl.load(table + keys // BLOCK_SIZE, mask=key_ok, other=0)
         slots = block_ids.to(tl.int64) * BLOCK_SIZE + keys % BLOCK_SIZE
         kv_rows = slots * (KV_HEADS * D) + kv_head * D
-        k = tl.load(k_cache + kv_rows[:, None] + d[None, :], mask=key_ok[:, None], other=0.0)
-        v = tl.load(v_cache + kv_rows[:, None] + d[None, :], mask=key_ok[:, None], other=0.0)
+        kv_mask = _tile_mask(key_ok, d, D, D_PAD)
+        k = tl.load(k_cache + kv_rows[:, None] + d[None, :], mask=kv_mask, other=0.0)
+        v = tl.load(v_cache + kv_rows[:, None] + d[None, :], mask=kv_mask, other=0.0)
 
         s = tl.dot(q_tile, tl.trans(k), input_precision=PRECISION) * qk_scale  # [BLOCK_M, BLOCK_N]
         # causal mask; it also hides keys >= kv_end for every real row (their q_pos < kv_end)
@@ -263,7 +316,7 @@ def _prefill_kernel(q, k_cache, v_cache, cu_seqlens_q, context_lens, block_table
 
     o = acc / l[:, None]
     tl.store(out + (q_start + rows)[:, None] * stride_ot + h * stride_oh + d[None, :],
-             o.to(out.dtype.element_ty), mask=row_ok[:, None])
+             o.to(out.dtype.element_ty), mask=_tile_mask(row_ok, d, D, D_PAD))
 
 
 def paged_prefill_attention(q, k_cache, v_cache, cu_seqlens_q, context_lens, block_tables, scale=None, *,
@@ -272,12 +325,9 @@ def paged_prefill_attention(q, k_cache, v_cache, cu_seqlens_q, context_lens, blo
 
     max_query_len: max over b of cu_seqlens_q[b+1] - cu_seqlens_q[b], if known (saves a sync).
     """
-    if q.stride(-1) != 1:
-        q = q.contiguous()
+    q, group, d_pad, scale = _check_attention_inputs(q, k_cache, v_cache, scale)
     T, num_heads, D = q.shape
     _, block_size, kv_heads, _ = k_cache.shape
-    assert k_cache.is_contiguous() and v_cache.is_contiguous() and D == triton.next_power_of_2(D)
-    scale = D**-0.5 if scale is None else scale
     out = torch.empty_like(q)
     B = len(context_lens)
     if T == 0 or B == 0:
@@ -293,7 +343,7 @@ def paged_prefill_attention(q, k_cache, v_cache, cu_seqlens_q, context_lens, blo
     _prefill_kernel[(num_heads, num_m_tiles, B)](
         q, k_cache, v_cache, cu_seqlens_q, context_lens, block_tables, out, scale * LOG2E,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0), num_m_tiles,
-        GROUP=num_heads // kv_heads, KV_HEADS=kv_heads, D=D, BLOCK_SIZE=block_size,
+        GROUP=group, KV_HEADS=kv_heads, D=D, D_PAD=d_pad, BLOCK_SIZE=block_size,
         BLOCK_M=block_m, BLOCK_N=block_n, PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         num_warps=num_warps, num_stages=num_stages)
     return out

@@ -8,6 +8,20 @@ from pathlib import Path
 
 # architecture name in config.json -> does it normalise q and k per head?
 SUPPORTED_ARCHITECTURES = {"Qwen3ForCausalLM": True, "LlamaForCausalLM": False}
+# Keys with no sensible default: without them we cannot even build the model's shapes.
+REQUIRED_KEYS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                 "intermediate_size", "rms_norm_eps")
+
+
+def read_json(file: Path) -> dict:
+    """A JSON object from `file`; a damaged file fails naming itself (json's own errors do not)."""
+    try:
+        data = json.loads(Path(file).read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{file}: not valid JSON ({e})") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{file}: expected a JSON object, got {type(data).__name__}")
+    return data
 
 
 @dataclass(frozen=True)
@@ -45,20 +59,37 @@ class ModelConfig:
         rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
         if rope.get("rope_type", rope.get("type", "default")) != "default":
             raise ValueError(f"{source}: RoPE type {rope.get('rope_type')!r} is not supported")
-        rope_theta = rope.get("rope_theta", hf.get("rope_theta", 10000.0))
-        num_heads = hf["num_attention_heads"]
+        # from here on theta has one place: the RoPE block's, else the top-level one
+        hf = {**hf, "rope_theta": rope.get("rope_theta", hf.get("rope_theta"))}
+        missing = [k for k in REQUIRED_KEYS if hf.get(k) is None]
+        if missing:
+            raise ValueError(f"{source}: missing required key(s) {', '.join(missing)}")
+
+        def positive(key, default=None, kind=int):
+            """hf[key] (or `default` when absent), which must be a positive number of type `kind`."""
+            value = default if hf.get(key) is None else hf[key]
+            number = int if kind is int else (int, float)
+            # bool is an int in Python; a string, a fractional size or 0 means a broken file
+            if isinstance(value, bool) or not isinstance(value, number) or value <= 0:
+                raise ValueError(f"{source}: {key} is {value!r}, expected a positive {kind.__name__}")
+            return kind(value)
+
+        hidden_size, num_heads = positive("hidden_size"), positive("num_attention_heads")
+        num_kv_heads = positive("num_key_value_heads", num_heads)
+        if num_heads % num_kv_heads:
+            raise ValueError(f"{source}: {num_heads} query heads cannot share {num_kv_heads} key/value heads")
         return cls(
             architecture=arch,
-            vocab_size=hf["vocab_size"],
-            hidden_size=hf["hidden_size"],
-            num_layers=hf["num_hidden_layers"],
+            vocab_size=positive("vocab_size"),
+            hidden_size=hidden_size,
+            num_layers=positive("num_hidden_layers"),
             num_heads=num_heads,
-            num_kv_heads=hf.get("num_key_value_heads") or num_heads,
-            head_dim=hf.get("head_dim") or hf["hidden_size"] // num_heads,
-            intermediate_size=hf["intermediate_size"],
-            rms_norm_eps=hf["rms_norm_eps"],
-            rope_theta=float(rope_theta),
-            max_position_embeddings=hf.get("max_position_embeddings", 4096),
+            num_kv_heads=num_kv_heads,
+            head_dim=positive("head_dim", hidden_size // num_heads),
+            intermediate_size=positive("intermediate_size"),
+            rms_norm_eps=positive("rms_norm_eps", kind=float),
+            rope_theta=positive("rope_theta", 10000.0, kind=float),
+            max_position_embeddings=positive("max_position_embeddings", 4096),
             tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
             qk_norm=SUPPORTED_ARCHITECTURES[arch],
         )
@@ -68,8 +99,4 @@ class ModelConfig:
         file = Path(path) / "config.json"
         if not file.is_file():
             raise FileNotFoundError(f"{file}: no config.json, so this is not a model directory")
-        try:
-            hf = json.loads(file.read_text())
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{file}: not valid JSON ({e})") from None
-        return cls.from_hf(hf, source=str(file))
+        return cls.from_hf(read_json(file), source=str(file))

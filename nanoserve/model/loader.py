@@ -2,14 +2,14 @@
 # Edit the notebook, then run `make export` (python tools/export.py).
 
 """Load a Hugging Face checkpoint directory (config.json + safetensors) into our model."""
-import json
+import os
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from tqdm.auto import tqdm
 
-from nanoserve.model.config import ModelConfig
+from nanoserve.model.config import ModelConfig, read_json
 from nanoserve.model.qwen3 import Qwen3ForCausalLM
 
 # Tensors some checkpoints carry that we recompute instead of loading.
@@ -25,11 +25,27 @@ def default_dtype(device) -> torch.dtype:
     return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
 
 
+def open_weights(file: Path, device="cpu"):
+    """safe_open, but a truncated or empty file fails naming itself (safetensors' error does not)."""
+    try:
+        return safe_open(file, framework="pt", device=str(device))
+    except SafetensorError as e:
+        raise ValueError(f"{file}: not a readable safetensors file, truncated or damaged? ({e})") from None
+
+
 def weight_files(path: Path) -> dict[str, Path]:
     """Map every tensor name to the safetensors file that holds it (single file or sharded)."""
     index = path / "model.safetensors.index.json"
     if index.is_file():
-        weight_map = json.loads(index.read_text())["weight_map"]
+        weight_map = read_json(index).get("weight_map")
+        if not isinstance(weight_map, dict):
+            raise ValueError(f'{index}: no "weight_map" object mapping tensor names to shard files')
+        # abspath tidies "..", but unlike resolve() keeps symlinks: the Hugging Face cache links
+        # every shard to a blob elsewhere, while "../../x" or "/x" would read outside the model.
+        root = os.path.abspath(path)
+        for name, f in weight_map.items():
+            if not isinstance(f, str) or os.path.commonpath([root, os.path.abspath(path / f)]) != root:
+                raise ValueError(f"{index}: tensor {name} points at {f!r}, outside the model directory")
         missing = sorted({f for f in weight_map.values() if not (path / f).is_file()})
         if missing:
             raise FileNotFoundError(f"{index} lists shards that are not there: {missing}")
@@ -39,7 +55,7 @@ def weight_files(path: Path) -> dict[str, Path]:
         raise FileNotFoundError(f"{path}: no *.safetensors weight files")
     names = {}
     for file in files:
-        with safe_open(file, framework="pt") as f:
+        with open_weights(file) as f:
             names.update({name: file for name in f.keys()})
     return names
 
@@ -75,10 +91,12 @@ def load_model(path, dtype: torch.dtype | None = None, device=None) -> Qwen3ForC
     bar = tqdm(total=total, desc=f"loading {path.name}", unit="tensor", disable=total < 1000)
     with torch.no_grad():
         for file, names in by_file.items():
-            with safe_open(file, framework="pt", device=str(device)) as f:
+            with open_weights(file, device) as f:
                 for name in names:
                     tensor = f.get_tensor(name)
                     param = params[name]
+                    if not tensor.is_floating_point():  # copy_ would quietly turn ints into weights
+                        raise ValueError(f"{file}: tensor {name} is {tensor.dtype}, not floating point")
                     if tensor.shape != param.shape:
                         raise ValueError(
                             f"{file}: tensor {name} has shape {tuple(tensor.shape)}, "
@@ -95,8 +113,34 @@ def eos_token_ids(path, tokenizer=None) -> set[int]:
     ids = set()
     gen = Path(path) / "generation_config.json"
     if gen.is_file():
-        eos = json.loads(gen.read_text()).get("eos_token_id")
+        eos = read_json(gen).get("eos_token_id")
         ids.update(eos if isinstance(eos, list) else [eos] if eos is not None else [])
     if tokenizer is not None and tokenizer.eos_token_id is not None:
         ids.add(tokenizer.eos_token_id)
     return ids
+
+
+# Each group alone lets transformers build a real tokenizer. With none of them, AutoTokenizer
+# does not fail: it builds one that knows a single token, and every prompt encodes to nothing.
+TOKENIZER_FILES = (("tokenizer.json",), ("tokenizer.model",), ("vocab.json", "merges.txt"))
+
+
+def load_tokenizer(path):
+    """transformers' tokenizer for a model directory; missing or corrupt files fail naming them."""
+    from transformers import AutoTokenizer  # slow to import; only needed here
+
+    path = Path(path)
+    if not path.is_dir():
+        raise FileNotFoundError(f"{path}: model directory does not exist")
+    if not any(all((path / f).is_file() for f in group) for group in TOKENIZER_FILES):
+        wanted = " or ".join(" + ".join(group) for group in TOKENIZER_FILES)
+        raise FileNotFoundError(f"{path}: no tokenizer files: it needs {wanted}")
+    try:
+        return AutoTokenizer.from_pretrained(path)
+    except Exception:
+        # transformers' JSON errors do not say which file. We look only after a failure: parsing
+        # a 10 MB tokenizer.json a second time on every start would cost half a second.
+        for name in ("tokenizer.json", "tokenizer_config.json"):
+            if (path / name).is_file():
+                read_json(path / name)
+        raise
