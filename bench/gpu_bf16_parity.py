@@ -17,7 +17,7 @@ from nanoserve.model.loader import load_model
 from nanoserve.engine.naive import naive_generate
 from nanoserve.cache.paged import PagedKVCache
 from nanoserve.engine.sampling_params import SamplingParams
-from nanoserve.zoo import resolve_model
+from nanoserve.model.zoo import resolve_model
 
 
 def agree(a, b):

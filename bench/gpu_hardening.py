@@ -14,7 +14,7 @@ import torch
 
 from nanoserve import LLM, SamplingParams
 from nanoserve.checks.lesson01 import hf_tiny_model
-from nanoserve.zoo import resolve_model
+from nanoserve.model.zoo import resolve_model
 
 GIB = 2**30
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"

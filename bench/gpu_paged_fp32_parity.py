@@ -10,7 +10,7 @@ from nanoserve.engine.generate import generate
 from nanoserve.model.loader import load_model
 from nanoserve.cache.paged import PagedKVCache
 from nanoserve.engine.sampling_params import SamplingParams
-from nanoserve.zoo import resolve_model
+from nanoserve.model.zoo import resolve_model
 
 m = load_model(resolve_model("qwen3-0.6b-random"), dtype=torch.float32, device="cuda")
 gen = torch.Generator().manual_seed(0)

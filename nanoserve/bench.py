@@ -50,7 +50,7 @@ def bench_transformers(model: str, prompts, max_tokens) -> dict:
     each request's own max_tokens count as useful output."""
     import transformers
 
-    from nanoserve.zoo import resolve_model
+    from nanoserve.model.zoo import resolve_model
 
     path = resolve_model(model)
     hf = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16).cuda().eval()

@@ -153,7 +153,7 @@ def run(args) -> int:
 
         return bench_main(args.model, not args.no_baseline, args.out, args.num_seqs)
     if args.command == "prepare":
-        from nanoserve.zoo import resolve_model
+        from nanoserve.model.zoo import resolve_model
 
         for name in args.models:
             print(f"{name}: {resolve_model(name)}")

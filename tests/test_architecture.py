@@ -7,8 +7,8 @@ import pytest
 PKG = Path(__file__).resolve().parents[1] / "nanoserve"
 # Lower layers never import higher ones: kernels know nothing of nanoserve; the model knows its config and
 # the backend protocol; caches use kernels and the model's config; the engine uses them all; the tools on top.
-LAYERS = {"kernels": 0, "model": 1, "zoo": 1, "cache": 2, "engine": 3}  # zoo: where checkpoints come from
-TOP = 4  # zoo, cli, bench, checks, __init__
+LAYERS = {"kernels": 0, "model": 1, "cache": 2, "engine": 3}
+TOP = 4  # cli, bench, checks, __init__
 
 
 def module_name(path: Path) -> str:

@@ -121,7 +121,7 @@ def test_debug_shows_the_traceback(tmp_path, capsys):
 
 
 def test_ctrl_c_exits_130_with_one_line(monkeypatch, capsys):
-    from nanoserve import zoo
+    from nanoserve.model import zoo
 
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt

@@ -13,7 +13,7 @@ from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers,
 from transformers import AutoTokenizer, PreTrainedTokenizerFast  # noqa: E402
 
 from nanoserve.engine.detokenizer import Detokenizer  # noqa: E402
-from nanoserve.zoo import resolve_model  # noqa: E402
+from nanoserve.model.zoo import resolve_model  # noqa: E402
 
 
 class OldDetokenizer:

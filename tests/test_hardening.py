@@ -10,7 +10,7 @@ from nanoserve import LLM, SamplingParams
 from nanoserve.checks.lesson01 import TINY_CONFIGS, hf_tiny_model
 from nanoserve.checks.lesson04 import pool_problems
 from nanoserve.engine.sequence import completion_seed
-from nanoserve.zoo import resolve_model
+from nanoserve.model.zoo import resolve_model
 
 GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
 PROMPT = [(i * 37) % 500 for i in range(300)]  # 300 tokens: several chunks at a budget of 64
@@ -173,10 +173,17 @@ def test_logprobs_are_the_models_raw_log_probabilities(model_dir):
     assert len(c.logprobs) == 5
     for token, lp in zip(c.token_ids, c.logprobs):
         assert token in lp and len(lp) >= 3 and all(v <= 0 for v in lp.values())
-        assert lp[token] == max(lp.values())  # greedy: the chosen token is the most likely one
+        assert lp[token] == max(lp.values()) and lp[token].rank == 1  # greedy: the likeliest token
+        assert sorted(v.rank for v in lp.values()) == [1, 2, 3] and lp[token].logprob == float(lp[token])
     hot = llm.generate([PROMPT[:20]], SamplingParams(temperature=0.7, max_tokens=5, seed=3, logprobs=0),
                        use_tqdm=False)[0].outputs[0]
     assert all(list(lp) == [t] for t, lp in zip(hot.token_ids, hot.logprobs))  # logprobs=0: the token's own
+    exact = llm.generate([PROMPT[:20]], SamplingParams(temperature=0, max_tokens=1), use_tqdm=False)[0]
+    with torch.inference_mode():  # the values are the model's own log-softmax at the prompt's last position
+        from nanoserve.cache.no_cache import NoCache
+        ids = torch.tensor(PROMPT[:20])
+        want = llm.model.compute_logits(llm.model(ids, torch.arange(20), NoCache())[-1:]).log_softmax(-1)[0]
+    assert abs(c.logprobs[0][c.token_ids[0]] - want[c.token_ids[0]].item()) < 1e-4 and exact.outputs[0].token_ids
     assert llm.generate([PROMPT[:20]], GREEDY, use_tqdm=False)[0].outputs[0].logprobs is None
 
 

@@ -15,7 +15,7 @@ from nanoserve.engine.generate import generate
 from nanoserve.model.loader import load_model
 from nanoserve.engine.sampler import sample
 from nanoserve.engine.sampling_params import SamplingParams
-from nanoserve.zoo import resolve_model
+from nanoserve.model.zoo import resolve_model
 
 
 

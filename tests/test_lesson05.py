@@ -48,7 +48,7 @@ def test_untouched_stub_fails_its_check(name):
 @pytest.fixture(scope="module")
 def tiny_engine_parts():
     from nanoserve.model.loader import load_model
-    from nanoserve.zoo import resolve_model
+    from nanoserve.model.zoo import resolve_model
 
     return load_model(resolve_model("tiny-qwen3"), device="cpu")
 

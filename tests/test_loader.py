@@ -11,7 +11,7 @@ from safetensors.torch import load_file, save_file
 from nanoserve.cache.no_cache import NoCache
 from nanoserve.checks.lesson01 import TINY_CONFIGS, hf_tiny_model
 from nanoserve.model.loader import eos_token_ids, load_model, load_tokenizer
-from nanoserve.zoo import resolve_model
+from nanoserve.model.zoo import resolve_model
 
 
 def logits(model, ids=(1, 7, 42, 99, 3)):

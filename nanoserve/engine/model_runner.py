@@ -31,7 +31,7 @@ class ModelRunner:
                                            device)
 
     @torch.inference_mode()
-    def run(self, batch: ScheduledBatch) -> tuple[list[int | None], list[dict[int, float] | None]]:
+    def run(self, batch: ScheduledBatch) -> tuple[list[int | None], list[dict[int, 'Logprob'] | None]]:
         """The token sampled for each sequence of the batch (None: still prefilling), and its log-probs
         (for sequences that asked for them)."""
         step, sample = prepare_inputs(batch)
@@ -48,17 +48,34 @@ class ModelRunner:
         return [next(tokens) if s else None for s in sample], [next(logprobs) if s else None for s in sample]
 
 
-def top_logprobs(logits: torch.Tensor, tokens: list[int], ks: list[int | None]) -> list[dict[int, float] | None]:
+class Logprob(float):
+    """A log-probability (use it as a float) with vLLM's Logprob attributes: .logprob and .rank (1 = likeliest)."""
+
+    def __new__(cls, value: float, rank: int):
+        item = super().__new__(cls, value)
+        item.rank = rank
+        return item
+
+    @property
+    def logprob(self) -> float:
+        return float(self)
+
+
+def top_logprobs(logits: torch.Tensor, tokens: list[int], ks: list[int | None]) -> list[dict[int, Logprob] | None]:
     """For rows whose k is not None: {token: log-prob} of the sampled token and the k likeliest, from the
     model's raw distribution (before temperature, top-k and top-p, as vLLM returns them)."""
     wanted = [i for i, k in enumerate(ks) if k is not None]
-    out: list[dict[int, float] | None] = [None] * len(ks)
+    out: list[dict[int, Logprob] | None] = [None] * len(ks)
     if wanted:
         logprobs = logits[wanted].float().log_softmax(dim=-1)
         top = logprobs.topk(max(ks[i] for i in wanted), dim=-1)
-        chosen = logprobs[torch.arange(len(wanted)), torch.tensor([tokens[i] for i in wanted])].tolist()
+        rows, picked = torch.arange(len(wanted), device=logits.device), torch.tensor([tokens[i] for i in wanted])
+        chosen = logprobs[rows, picked.to(logits.device)]
+        ranks = ((logprobs > chosen[:, None]).sum(dim=-1) + 1).tolist()  # 1 + how many tokens were likelier
+        chosen = chosen.tolist()
         for row, i in enumerate(wanted):
             k = ks[i]
-            out[i] = dict(zip(top.indices[row, :k].tolist(), top.values[row, :k].tolist()))
-            out[i][tokens[i]] = chosen[row]
+            out[i] = {t: Logprob(v, r + 1) for r, (t, v) in enumerate(zip(top.indices[row, :k].tolist(),
+                                                                       top.values[row, :k].tolist()))}
+            out[i][tokens[i]] = Logprob(chosen[row], ranks[row])
     return out

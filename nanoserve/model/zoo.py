@@ -38,7 +38,7 @@ IM_END_ID = 151645  # <|im_end|>: ends a chat turn, the usual stop token
 # tokenizer.json and tokenizer_config.json of the Qwen3 release (Apache-2.0), as a
 # reproducible archive (tar with mtime 0, uid/gid 0, sorted names; then xz -9):
 # 11 MB of JSON in 1.4 MB.
-TOKENIZER_ARCHIVE = Path(__file__).parent / "assets" / "qwen3-tokenizer.tar.xz"
+TOKENIZER_ARCHIVE = Path(__file__).parent.parent / "assets" / "qwen3-tokenizer.tar.xz"
 
 SEED = 0
 
