@@ -9,7 +9,9 @@ class OutOfBlocks(RuntimeError):
     """The pool has too few free blocks right now (the scheduler should wait or preempt)."""
 
 
-class BlockManager:
+class BlockPool:
+    """Blocks handed out to sequences and taken back: the free list, block tables, reference counts."""
+
     def __init__(self, num_blocks: int, block_size: int = 16):
         if num_blocks < 1 or block_size < 1:
             raise ValueError(f"need num_blocks >= 1 and block_size >= 1, got {num_blocks} and {block_size}")
@@ -86,6 +88,15 @@ class BlockManager:
             if self.ref_count[block] == 0:
                 self.free_blocks.append(block)
 
+    def commit(self, seq_id, token_ids: list[int], num_computed: int) -> None:
+        """A step finished with the first num_computed tokens' K/V written. Nothing to do here; lesson 04's
+        manager makes their full blocks findable by content at this moment, not before."""
+
+
+class BlockManager(BlockPool):
+    """The pool, plus what the attention backend asks of it: where each token lives (its slot), room for
+    a prompt, forks of a sequence, and the end of a step (lesson 04 uses that one)."""
+
     def fork(self, parent, child, num_tokens: int) -> tuple[int, int] | None:
         """Give `child` the parent's first num_tokens tokens without copying them (several completions of
         one prompt): full blocks are shared by reference count; a partly filled last block can't be (both
@@ -109,10 +120,6 @@ class BlockManager:
         none here (lesson 04's manager shares cached blocks)."""
         self.allocate(seq_id, len(prompt_ids))
         return 0
-
-    def commit(self, seq_id, token_ids: list[int], num_computed: int) -> None:
-        """A step finished with the first num_computed tokens' K/V written. Nothing to do here; lesson 04's
-        manager makes their full blocks findable by content at this moment, not before."""
 
     def slot(self, seq_id, position: int) -> int:
         """Where token `position` of a sequence lives in the pool: block id * block_size + offset."""

@@ -285,25 +285,6 @@ class CallRouter(LLMSetup):
             if seq.status is not SequenceStatus.FINISHED:
                 self.engine.scheduler.abort(seq)
 
-    def _collect(self, encoded, sampling_params, use_tqdm: bool) -> list[RequestOutput]:
-        outputs, seqs = self._submit(encoded, sampling_params)
-        groups: dict[int, list[Sequence]] = {}
-        for i, seq in seqs.values():
-            groups.setdefault(i, []).append(seq)
-        bar = tqdm(total=len(groups), desc="generating", unit="req", disable=not use_tqdm)
-        start, generated = time.perf_counter(), 0
-        try:
-            for seq, _, _, finished in self._run(seqs):
-                generated += 1
-                i = seqs[seq.seq_id][0]
-                if finished and all(s.status is SequenceStatus.FINISHED for s in groups[i]):
-                    complete_output(outputs[i], groups[i])
-                    bar.update()
-                bar.set_postfix_str(f"{generated / (time.perf_counter() - start):.0f} tok/s", refresh=False)
-        finally:
-            bar.close()
-        return outputs
-
 
 class LLM(CallRouter):
     """Offline inference, vLLM-style: LLM(model).generate(prompts, SamplingParams(...)), .chat, .stream."""
@@ -344,3 +325,22 @@ class LLM(CallRouter):
                 yield StreamItem(out.request_id, out.error, None, True)
         for seq, token, text, finished in self._run(seqs):
             yield StreamItem(seqs[seq.seq_id][0], text, token, finished, seq.index)
+
+    def _collect(self, encoded, sampling_params, use_tqdm: bool) -> list[RequestOutput]:
+        outputs, seqs = self._submit(encoded, sampling_params)
+        groups: dict[int, list[Sequence]] = {}
+        for i, seq in seqs.values():
+            groups.setdefault(i, []).append(seq)
+        bar = tqdm(total=len(groups), desc="generating", unit="req", disable=not use_tqdm)
+        start, generated = time.perf_counter(), 0
+        try:
+            for seq, _, _, finished in self._run(seqs):
+                generated += 1
+                i = seqs[seq.seq_id][0]
+                if finished and all(s.status is SequenceStatus.FINISHED for s in groups[i]):
+                    complete_output(outputs[i], groups[i])
+                    bar.update()
+                bar.set_postfix_str(f"{generated / (time.perf_counter() - start):.0f} tok/s", refresh=False)
+        finally:
+            bar.close()
+        return outputs

@@ -36,6 +36,25 @@ class StepRecord:
     blocks_used: int
 
 
+def start_forks(seq: Sequence, cache: PagedKVCache, scheduler: Scheduler) -> None:
+    """The request's other completions share seq's computed prompt; each recomputes only the prompt's
+    last token (its logits give the completion's own first token). Without room, one waits and is
+    admitted like any request."""
+    for child in seq.forks:
+        started = len(scheduler.running) < scheduler.max_num_seqs
+        if started:
+            try:
+                cache.fork(seq.seq_id, child.seq_id, seq.num_prompt_tokens - 1)
+            except OutOfBlocks:  # no block for the copy of a partly filled last block
+                started = False
+        if started:
+            child.num_computed, child.status = seq.num_prompt_tokens - 1, SequenceStatus.RUNNING
+            scheduler.running.append(child)
+        else:
+            scheduler.waiting.appendleft(child)
+    seq.forks = []
+
+
 class LLMEngine:
     def __init__(self, model: Qwen3ForCausalLM, cache: PagedKVCache, tokenizer=None, eos_token_ids=(),
                  max_num_seqs: int = 256, max_num_batched_tokens: int = 8192, enable_chunked_prefill: bool = True,
@@ -86,7 +105,7 @@ class LLMEngine:
             seq.num_computed += n
             self.cache.commit(seq.seq_id, seq.token_ids, seq.num_computed)  # its K/V are written: shareable now
             if seq.forks and seq.num_computed >= seq.num_prompt_tokens:
-                self._start_forks(seq)
+                start_forks(seq, self.cache, self.scheduler)
             if token is not None:
                 if seq.logprobs is not None:
                     seq.logprobs.append(lp)
@@ -95,22 +114,6 @@ class LLMEngine:
                     self.scheduler.finish(seq)
         self._count(batch, tokens)
         return list(zip(batch.seqs, tokens))
-
-    def _start_forks(self, seq: Sequence) -> None:
-        """The request's other completions share seq's computed prompt; each recomputes only the prompt's
-        last token (its logits give the completion's own first token). Without room, one waits and is
-        admitted like any request."""
-        for child in seq.forks:
-            try:
-                if len(self.scheduler.running) >= self.scheduler.max_num_seqs:
-                    raise OutOfBlocks("no seat")
-                self.cache.fork(seq.seq_id, child.seq_id, seq.num_prompt_tokens - 1)
-            except OutOfBlocks:
-                self.scheduler.waiting.appendleft(child)
-                continue
-            child.num_computed, child.status = seq.num_prompt_tokens - 1, SequenceStatus.RUNNING
-            self.scheduler.running.append(child)
-        seq.forks = []
 
     def _count(self, batch: ScheduledBatch, tokens: list[int | None]) -> None:
         stats = self.stats
