@@ -170,7 +170,7 @@ def test_logprobs_are_the_models_raw_log_probabilities(model_dir):
     llm = make_llm(model_dir)
     out = llm.generate([PROMPT[:20]], SamplingParams(temperature=0, max_tokens=5, logprobs=3), use_tqdm=False)[0]
     c = out.outputs[0]
-    assert len(c.logprobs) == 5
+    assert len(c.logprobs) == 5 and c.cumulative_logprob == pytest.approx(sum(lp[t] for t, lp in zip(c.token_ids, c.logprobs)))
     for token, lp in zip(c.token_ids, c.logprobs):
         assert token in lp and len(lp) >= 3 and all(v <= 0 for v in lp.values())
         assert lp[token] == max(lp.values()) and lp[token].rank == 1  # greedy: the likeliest token
@@ -199,6 +199,7 @@ def test_chat_takes_one_conversation_or_several(model_dir):
     one = llm.chat([{"role": "user", "content": "Hi"}], GREEDY, use_tqdm=False)
     two = llm.chat([[{"role": "user", "content": "Hi"}], [{"role": "user", "content": "Bye"}]], GREEDY, use_tqdm=False)
     assert len(one) == 1 and len(two) == 2 and tokens(one)[0] == tokens(two)[0]
+    assert llm.llm_engine is llm.engine and llm.get_tokenizer() is llm.tokenizer  # vLLM's names
     assert "Hi" in one[0].prompt
 
 

@@ -29,6 +29,7 @@ class CompletionOutput:
     token_ids: list[int]
     finish_reason: str | None  # "stop", "length", or "error"
     logprobs: list[dict[int, float]] | None = None  # per new token (SamplingParams(logprobs=k))
+    cumulative_logprob: float | None = None  # the sum of the chosen tokens' log-probs (with logprobs=k)
 
 
 @dataclass
@@ -127,7 +128,9 @@ def complete_output(out: RequestOutput, seqs: list[Sequence]) -> None:
     out.outputs = []
     for seq in sorted(seqs, key=lambda s: s.index):
         c = seq.completion()
-        out.outputs.append(CompletionOutput(seq.index, c.text or "", c.token_ids, c.finish_reason, seq.logprobs))
+        total = sum(lp[t] for t, lp in zip(c.token_ids, seq.logprobs)) if seq.logprobs is not None else None
+        out.outputs.append(CompletionOutput(seq.index, c.text or "", c.token_ids, c.finish_reason, seq.logprobs,
+                                            total))
     out.finished = True
 
 
@@ -202,6 +205,11 @@ class LLMSetup:
     @property
     def cache(self):
         return self.engine.cache
+
+    llm_engine = engine  # vLLM's name for it
+
+    def get_tokenizer(self):
+        return self.tokenizer
 
     def shutdown(self) -> None:
         """Free the model and the KV pool now (a `with LLM(...) as llm:` block does it on exit)."""
@@ -296,7 +304,8 @@ class LLM(CallRouter):
         return self._collect(self._encode(prompts), sampling_params, use_tqdm)
 
     def chat(self, messages, sampling_params: SamplingParams | list[SamplingParams] | None = None,
-             use_tqdm: bool = True, chat_template_kwargs: dict | None = None) -> list[RequestOutput]:
+             use_tqdm: bool = True, chat_template_kwargs: dict | None = None,
+             add_generation_prompt: bool = True) -> list[RequestOutput]:
         """Answer one conversation (a list of {"role", "content"} messages) or a list of conversations, through
         the model's chat template (Qwen3's thinking off unless chat_template_kwargs say otherwise)."""
         if not isinstance(messages, (list, tuple)) or not messages:
@@ -309,7 +318,8 @@ class LLM(CallRouter):
                     for m in conversation):
                 raise ValueError(f"conversation {i}: a conversation is a non-empty list of "
                                  f"{{'role': str, 'content': str}} messages, got {conversation!r:.80}")
-            ids = self.tokenizer.apply_chat_template(conversation, add_generation_prompt=True, tokenize=True,
+            ids = self.tokenizer.apply_chat_template(conversation, add_generation_prompt=add_generation_prompt,
+                                                     tokenize=True,
                                                      **{"enable_thinking": False, **(chat_template_kwargs or {})})
             ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
             encoded.append((self.tokenizer.decode(ids), ids))
