@@ -4,6 +4,7 @@ The workload is nano-vllm's bench: random.seed(0); 256 requests; prompts of rand
 token ids in [0, 10000); max_tokens randint(100, 1024); temperature 0.6; ignore_eos; max_model_len 4096;
 one warm-up call; throughput = output tokens / wall time.
 """
+import contextlib
 import dataclasses
 import json
 import random
@@ -74,7 +75,89 @@ def bench_transformers(model: str, prompts, max_tokens) -> dict:
             "seconds": seconds, "output_tokens": useful, "tok_per_s": useful / seconds}
 
 
-def main(model: str, baseline: bool, out: str | None, num_seqs: int) -> int:
+PHASES = ("schedule", "build metadata", "forward: launch", "forward: wait for the GPU", "sample",
+          "output processing")
+
+
+@contextlib.contextmanager
+def replaced(owner, name: str, value):
+    """owner.name is `value` inside the block, and what it was after."""
+    had, old = name in vars(owner), vars(owner).get(name)
+    setattr(owner, name, value)
+    try:
+        yield
+    finally:
+        if had:
+            setattr(owner, name, old)
+        else:
+            delattr(owner, name)
+
+
+def profile_steps(engine, num_steps: int) -> dict:
+    """Where a step's time goes: milliseconds per step in each phase, over the engine's next num_steps steps.
+
+    The engine's own methods are wrapped with timers meanwhile. On a GPU a synchronize after the forward
+    tells its launch (CPU) from its run (the wait); "output processing" is the rest of the step."""
+    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
+    spent = dict.fromkeys(PHASES, 0.0)
+    runner = engine.runner
+
+    def timed(phase, fn):
+        def wrapper(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                spent[phase] += time.perf_counter() - start
+        return wrapper
+
+    def forward(*args, **kwargs):
+        start = time.perf_counter()
+        out = launch(*args, **kwargs)
+        launched = time.perf_counter()
+        sync()
+        spent["forward: launch"] += launched - start
+        spent["forward: wait for the GPU"] += time.perf_counter() - launched
+        return out
+
+    launch = runner.model.forward
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(replaced(engine.scheduler, "schedule", timed("schedule", engine.scheduler.schedule)))
+        stack.enter_context(replaced(runner.builder, "build", timed("build metadata", runner.builder.build)))
+        stack.enter_context(replaced(runner, "sampler", timed("sample", runner.sampler)))
+        stack.enter_context(replaced(runner.model, "forward", forward))
+        sync()
+        start = time.perf_counter()
+        for _ in range(num_steps):
+            engine.step()
+        sync()
+        total = time.perf_counter() - start
+    spent["output processing"] = total - sum(spent.values())
+    return {"ms_per_step": {phase: 1000 * t / num_steps for phase, t in spent.items()},
+            "total_ms_per_step": 1000 * total / num_steps}
+
+
+def profile_decode(llm, prompts, num_steps: int = 20) -> dict:
+    """profile_steps while every prompt decodes together (after their prefills; the requests are dropped after)."""
+    from nanoserve.engine.sampling_params import SamplingParams
+
+    engine = llm.engine
+    longest = llm.max_model_len - max(map(len, prompts))
+    seqs = [engine.add_request(p, SamplingParams(temperature=0.6, ignore_eos=True, max_tokens=longest))
+            for p in prompts]
+    try:
+        while True:  # the prefills, until every sequence is in and decoding
+            tokens = [token for _, token in engine.step()]
+            if not engine.scheduler.waiting and None not in tokens:
+                break
+        result = profile_steps(engine, num_steps)
+    finally:
+        for seq in seqs:
+            engine.scheduler.abort(seq)
+    return {"batch": len(prompts), **result}
+
+
+def main(model: str, baseline: bool, out: str | None, num_seqs: int, profile: bool = False) -> int:
     if not torch.cuda.is_available() and num_seqs == 256:
         print("nanoserve: bench measures a GPU; on a CPU the full workload would take hours "
               "(try --num-seqs 4 --no-baseline --model tiny-qwen3 to see it run)", file=sys.stderr)
@@ -88,6 +171,13 @@ def main(model: str, baseline: bool, out: str | None, num_seqs: int) -> int:
     print(f"nanoserve: {ours['output_tokens']:,} tokens in {ours['seconds']:.1f} s = {ours['tok_per_s']:,.0f} tok/s "
           f"({ours['prefill_steps']} steps with prefill, {ours['decode_only_steps']} decode-only, "
           f"{ours['preemptions']} preemptions; KV pool {ours['kv_blocks']:,} blocks of {ours['block_size']})")
+    if profile:
+        from nanoserve.engine.llm import LLM
+
+        found = results["profile"] = profile_decode(LLM(model, max_model_len=4096), prompts)
+        print(f"one decode step at batch {found['batch']}: {found['total_ms_per_step']:.2f} ms")
+        for phase, ms in found["ms_per_step"].items():
+            print(f"  {phase:26s} {ms:8.2f} ms  {ms / found['total_ms_per_step']:6.1%}")
     if baseline:
         if not torch.cuda.is_available():
             print("nanoserve: the transformers baseline needs a GPU; skipped", file=sys.stderr)
