@@ -97,7 +97,8 @@ def profile_steps(engine, num_steps: int) -> dict:
     """Where a step's time goes: milliseconds per step in each phase, over the engine's next num_steps steps.
 
     The engine's own methods are wrapped with timers meanwhile. On a GPU a synchronize after the forward
-    tells its launch (CPU) from its run (the wait); "output processing" is the rest of the step."""
+    tells its launch (CPU) from its run (the wait); the LM head counts as forward; "output processing" is
+    the rest of the step."""
     sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
     spent = dict.fromkeys(PHASES, 0.0)
     runner = engine.runner
@@ -111,21 +112,23 @@ def profile_steps(engine, num_steps: int) -> dict:
                 spent[phase] += time.perf_counter() - start
         return wrapper
 
-    def forward(*args, **kwargs):
-        start = time.perf_counter()
-        out = launch(*args, **kwargs)
-        launched = time.perf_counter()
-        sync()
-        spent["forward: launch"] += launched - start
-        spent["forward: wait for the GPU"] += time.perf_counter() - launched
-        return out
+    def on_the_gpu(fn):  # the model's forward and its LM head
+        def wrapper(*args, **kwargs):
+            start = time.perf_counter()
+            out = fn(*args, **kwargs)
+            launched = time.perf_counter()
+            sync()
+            spent["forward: launch"] += launched - start
+            spent["forward: wait for the GPU"] += time.perf_counter() - launched
+            return out
+        return wrapper
 
-    launch = runner.model.forward
     with contextlib.ExitStack() as stack:
         stack.enter_context(replaced(engine.scheduler, "schedule", timed("schedule", engine.scheduler.schedule)))
         stack.enter_context(replaced(runner.builder, "build", timed("build metadata", runner.builder.build)))
         stack.enter_context(replaced(runner, "sampler", timed("sample", runner.sampler)))
-        stack.enter_context(replaced(runner.model, "forward", forward))
+        stack.enter_context(replaced(runner.model, "forward", on_the_gpu(runner.model.forward)))
+        stack.enter_context(replaced(runner.model, "compute_logits", on_the_gpu(runner.model.compute_logits)))
         sync()
         start = time.perf_counter()
         for _ in range(num_steps):

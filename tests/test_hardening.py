@@ -243,3 +243,15 @@ def test_memory_is_released_by_dropping_or_shutting_down(model_dir):
     assert cache() is None
     with pytest.raises(RuntimeError, match="shut down"):
         llm.generate(["x"], GREEDY, use_tqdm=False)
+
+
+def test_generated_text_equals_streamed_text(model_dir):
+    """generate decodes a finished output once; a stream decodes it token by token: the same text."""
+    llm = make_llm(model_dir)
+    prompts = [PROMPT[i:i + 12] for i in range(0, 120, 12)]
+    sampling = SamplingParams(temperature=1.0, seed=3, max_tokens=16, ignore_eos=True)
+    texts = [o.outputs[0].text for o in llm.generate(prompts, sampling, use_tqdm=False)]
+    streamed = [""] * len(prompts)
+    for item in llm.stream(prompts, sampling):
+        streamed[item[0]] += item[1]
+    assert texts == streamed and any(texts)

@@ -35,9 +35,12 @@ class Request:
         self.token_ids = list(prompt_ids)  # the prompt, then every generated token: one list, never copied
         self.num_prompt_tokens = len(prompt_ids)
         self.stop_ids = set(params.stop_token_ids) | (set() if params.ignore_eos else set(eos))
-        self.detok = Detokenizer(tokenizer, params.stop) if tokenizer is not None else None
+        # Text token by token costs two tokenizer calls per token: only stop strings and streams need it.
+        # Otherwise the output is decoded once, when it is complete.
+        self.tokenizer = tokenizer
+        self.detok = Detokenizer(tokenizer, params.stop) if params.stop else None
         self.finish_reason: str | None = None
-        self.new_text = ""  # text that became final with the last token (for streaming)
+        self.new_text = ""  # text that became final with the last token (when streaming)
 
     @property
     def num_tokens(self) -> int:
@@ -65,8 +68,19 @@ class Request:
         if self.finish_reason is not None and self.detok is not None:
             self.new_text += self.detok.flush()
 
+    def stream_text(self) -> None:
+        """Make new_text after every token from now on (before the first token: a stream asks for it)."""
+        if self.detok is None and self.tokenizer is not None:
+            self.detok = Detokenizer(self.tokenizer, self.params.stop)
+
     def completion(self) -> Completion:
-        return Completion(self.output_ids, self.detok.text if self.detok else None, self.finish_reason)
+        if self.detok is not None:
+            text = self.detok.text
+        elif self.tokenizer is not None:  # in one go; a character cut short at the end is left out, as above
+            text = self.tokenizer.decode(self.output_ids, skip_special_tokens=True).rstrip("\ufffd")
+        else:
+            text = None
+        return Completion(self.output_ids, text, self.finish_reason)
 
 
 @torch.inference_mode()

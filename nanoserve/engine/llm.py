@@ -330,6 +330,8 @@ class LLM(CallRouter):
         A request that failed yields once, with token None and the error as its text. Several streams and
         generate calls may be interleaved on one LLM: each gets its own requests' tokens."""
         outputs, seqs = self._submit(self._encode(prompts), sampling_params)
+        for _, seq in seqs.values():
+            seq.stream_text()
         for out in outputs:
             if out.error:
                 yield StreamItem(out.request_id, out.error, None, True)
