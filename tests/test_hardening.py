@@ -255,3 +255,24 @@ def test_generated_text_equals_streamed_text(model_dir):
     for item in llm.stream(prompts, sampling):
         streamed[item[0]] += item[1]
     assert texts == streamed and any(texts)
+
+
+@pytest.mark.parametrize("caching", [True, False])
+def test_an_interrupt_while_admitting_a_request_leaks_nothing(model_dir, caching):
+    """Ctrl-C right after a prompt got its blocks, before it joined the running queue."""
+    clean = tokens(make_llm(model_dir, caching).generate([PROMPT[:50], PROMPT[:70]], GREEDY, use_tqdm=False))
+    llm = make_llm(model_dir, caching)
+    reserve, calls = llm.cache.reserve, []
+
+    def reserve_then_interrupt(seq_id, prompt_ids):
+        cached = reserve(seq_id, prompt_ids)
+        calls.append(seq_id)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return cached
+    llm.cache.reserve = reserve_then_interrupt
+    with pytest.raises(KeyboardInterrupt):
+        llm.generate([PROMPT[:50], PROMPT[:70]], GREEDY, use_tqdm=False)
+    llm.cache.reserve = reserve
+    assert_pool_clean(llm)
+    assert tokens(llm.generate([PROMPT[:50], PROMPT[:70]], GREEDY, use_tqdm=False)) == clean

@@ -78,7 +78,9 @@ class PagedKVCache:
             self.v_cache[:, copy[1]] = self.v_cache[:, copy[0]]
 
     def release(self, seq_id: int) -> None:
-        self.block_manager.free(seq_id)  # its blocks can serve another sequence right away
+        """Its blocks can serve another sequence right away (nothing to do for one that holds none)."""
+        if seq_id in self.block_manager.block_tables:
+            self.block_manager.free(seq_id)
 
     def block_table(self, seq_id: int) -> list[int]:
         return self.block_manager.block_tables[seq_id]

@@ -47,17 +47,21 @@ class SequenceQueues:
         self.waiting.appendleft(seq)
 
     def finish(self, seq: Sequence) -> None:
-        seq.status = SequenceStatus.FINISHED
-        self.running.remove(seq)
+        # In this order, an interruption (Ctrl-C) at any line leaves something abort() can clean up.
         self.cache.release(seq.seq_id)
+        self.running.remove(seq)
+        seq.status = SequenceStatus.FINISHED
 
     def abort(self, seq: Sequence) -> None:
-        """Drop a sequence wherever it is (a caller gave up on it); its blocks go back to the pool."""
+        """Drop a sequence wherever it is (a caller gave up on it, or a step was interrupted halfway through
+        admitting it): out of both queues, and its blocks, if it holds any, back to the pool."""
         if seq in self.running:
-            self.finish(seq)
-        elif seq in self.waiting:
+            self.running.remove(seq)
+        if seq in self.waiting:
             self.waiting.remove(seq)
-        seq.status = SequenceStatus.FINISHED  # also a fork that never started
+        if seq.status is not SequenceStatus.FINISHED:
+            self.cache.release(seq.seq_id)
+        seq.status = SequenceStatus.FINISHED
 
 
 class Scheduler(SequenceQueues):
