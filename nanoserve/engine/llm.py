@@ -184,11 +184,11 @@ class LLMSetup:
     @property
     def engine(self):
         """The LLMEngine, with its KV pool: built at first use."""
-        from nanoserve.cache.paged import PagedKVCache
-        from nanoserve.cache.prefix import PrefixCachingKVCache
-        from nanoserve.engine.llm_engine import LLMEngine
-
         if self._engine is None:
+            from nanoserve.cache.paged import PagedKVCache
+            from nanoserve.cache.prefix import PrefixCachingKVCache
+            from nanoserve.engine.llm_engine import LLMEngine
+
             if self.model is None:
                 raise RuntimeError("this LLM was shut down; create a new one")
             weights, pool = self.model.lm_head.weight, self._pool
