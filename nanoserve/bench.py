@@ -13,6 +13,8 @@ import time
 
 import torch
 
+from nanoserve.engine.sampling_params import SamplingParams
+
 
 def workload(num_seqs: int = 256, max_input_len: int = 1024, max_output_len: int = 1024, seed: int = 0):
     random.seed(seed)
@@ -21,29 +23,76 @@ def workload(num_seqs: int = 256, max_input_len: int = 1024, max_output_len: int
     return prompts, max_tokens
 
 
-def bench_nanoserve(model: str, prompts, max_tokens, max_model_len: int = 4096) -> dict:
-    from nanoserve.engine.llm import LLM
-    from nanoserve.engine.sampling_params import SamplingParams
+# The stage ladder of lesson 06: the same engine with its speed switches turned on one by one.
+STAGES = {"eager (lesson 05)": dict(enforce_eager=True, fused_ops=False),
+          "+ CUDA graphs": dict(enforce_eager=False, fused_ops=False),
+          "+ fused ops": dict(enforce_eager=False, fused_ops=True)}
 
-    llm = LLM(model, max_model_len=max_model_len)
-    params = [SamplingParams(temperature=0.6, ignore_eos=True, max_tokens=m) for m in max_tokens]
-    llm.generate(["Benchmark: "], SamplingParams(max_tokens=16), use_tqdm=False)  # warm-up (kernel compiles)
-    before = dataclasses.replace(llm.engine.stats)  # the counters before the timed call
+
+def timed_generate(llm, prompts, params) -> tuple[float, list]:
     if torch.cuda.is_available():
         torch.cuda.synchronize()
     start = time.perf_counter()
     outputs = llm.generate(prompts, params, use_tqdm=False)
     if torch.cuda.is_available():
         torch.cuda.synchronize()
-    seconds = time.perf_counter() - start
+    return time.perf_counter() - start, outputs
+
+
+def bench_nanoserve(llm, prompts, max_tokens) -> dict:
+    """The workload through an LLM (warmed up already)."""
+    params = [SamplingParams(temperature=0.6, ignore_eos=True, max_tokens=m) for m in max_tokens]
+    before = dataclasses.replace(llm.engine.stats)  # the counters before the timed call
+    seconds, outputs = timed_generate(llm, prompts, params)
     tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
     stats = llm.engine.stats
     steps, prefill_steps = stats.steps - before.steps, stats.prefill_steps - before.prefill_steps
     pool = llm.cache.block_manager
-    return {"engine": "nanoserve (eager)", "seconds": seconds, "output_tokens": tokens, "tok_per_s": tokens / seconds,
+    return {"seconds": seconds, "output_tokens": tokens, "tok_per_s": tokens / seconds,
             "prefill_steps": prefill_steps, "decode_only_steps": steps - prefill_steps,
             "preemptions": stats.preemptions - before.preemptions, "kv_blocks": pool.num_blocks,
             "block_size": pool.block_size}
+
+
+def bench_batch1(llm, prompt_len: int = 128, max_tokens: int = 512) -> dict:
+    """One request alone: a prompt of prompt_len random ids, max_tokens greedy tokens."""
+    prompt = random.Random(1).choices(range(10000), k=prompt_len)
+    seconds, outputs = timed_generate(llm, [prompt], SamplingParams(temperature=0, ignore_eos=True, max_tokens=max_tokens))
+    return {"prompt_tokens": prompt_len, "output_tokens": max_tokens, "seconds": seconds,
+            "tok_per_s": max_tokens / seconds}
+
+
+def graph_replay_ceiling(llm, replays: int = 200) -> float | None:
+    """Tokens/s of replaying the batch-1 graph alone (its last step's context): what a batch-1 step could
+    cost with no CPU work at all. None without graphs."""
+    runner = llm.engine.runner
+    if not getattr(runner, "graphs", None):
+        return None
+    runner.builder.d["slot_mapping"][:1].fill_(-1)  # replays must not write K/V anywhere
+    graph = runner.graphs[1][0]
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(replays):
+        graph.replay()
+    torch.cuda.synchronize()
+    return replays / (time.perf_counter() - start)
+
+
+def bench_stage(model: str, prompts, max_tokens, max_model_len: int = 4096, **llm_args) -> dict:
+    """Start an LLM with these switches, warm it up, run the workload and the batch-1 decode."""
+    from nanoserve.engine.llm import LLM
+
+    start = time.perf_counter()
+    llm = LLM(model, max_model_len=max_model_len, **llm_args)
+    llm.generate(["Benchmark: "], SamplingParams(max_tokens=16), use_tqdm=False)  # warm-up: engine, graphs, compiles
+    startup = time.perf_counter() - start
+    try:
+        result = {"switches": llm_args, "startup_s": startup, "workload": bench_nanoserve(llm, prompts, max_tokens),
+                  "bs1": bench_batch1(llm)}
+        result["bs1"]["graph_replay_ceiling_tok_per_s"] = graph_replay_ceiling(llm)
+        return result
+    finally:
+        llm.shutdown()
 
 
 def bench_transformers(model: str, prompts, max_tokens) -> dict:
@@ -97,8 +146,8 @@ def profile_steps(engine, num_steps: int) -> dict:
     """Where a step's time goes: milliseconds per step in each phase, over the engine's next num_steps steps.
 
     The engine's own methods are wrapped with timers meanwhile. On a GPU a synchronize after the forward
-    tells its launch (CPU) from its run (the wait); the LM head counts as forward; "output processing" is
-    the rest of the step."""
+    (the model and its LM head, eager or a graph's replay) tells its launch (CPU) from its run (the wait);
+    "output processing" is the rest of the step."""
     sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
     spent = dict.fromkeys(PHASES, 0.0)
     runner = engine.runner
@@ -127,8 +176,7 @@ def profile_steps(engine, num_steps: int) -> dict:
         stack.enter_context(replaced(engine.scheduler, "schedule", timed("schedule", engine.scheduler.schedule)))
         stack.enter_context(replaced(runner.builder, "build", timed("build metadata", runner.builder.build)))
         stack.enter_context(replaced(runner, "sampler", timed("sample", runner.sampler)))
-        stack.enter_context(replaced(runner.model, "forward", on_the_gpu(runner.model.forward)))
-        stack.enter_context(replaced(runner.model, "compute_logits", on_the_gpu(runner.model.compute_logits)))
+        stack.enter_context(replaced(runner, "forward", on_the_gpu(runner.forward)))  # eager or a graph replay
         sync()
         start = time.perf_counter()
         for _ in range(num_steps):
@@ -142,8 +190,6 @@ def profile_steps(engine, num_steps: int) -> dict:
 
 def profile_decode(llm, prompts, num_steps: int = 20) -> dict:
     """profile_steps while every prompt decodes together (after their prefills; the requests are dropped after)."""
-    from nanoserve.engine.sampling_params import SamplingParams
-
     engine = llm.engine
     longest = llm.max_model_len - max(map(len, prompts))
     seqs = [engine.add_request(p, SamplingParams(temperature=0.6, ignore_eos=True, max_tokens=longest))
@@ -160,7 +206,8 @@ def profile_decode(llm, prompts, num_steps: int = 20) -> dict:
     return {"batch": len(prompts), **result}
 
 
-def main(model: str, baseline: bool, out: str | None, num_seqs: int, profile: bool = False) -> int:
+def main(model: str, baseline: bool, out: str | None, num_seqs: int, profile: bool = False,
+         ladder: bool = False) -> int:
     if not torch.cuda.is_available() and num_seqs == 256:
         print("nanoserve: bench measures a GPU; on a CPU the full workload would take hours "
               "(try --num-seqs 4 --no-baseline --model tiny-qwen3 to see it run)", file=sys.stderr)
@@ -169,15 +216,23 @@ def main(model: str, baseline: bool, out: str | None, num_seqs: int, profile: bo
     print(f"workload: {len(prompts)} requests, {sum(map(len, prompts)):,} prompt tokens, "
           f"{sum(max_tokens):,} output tokens", file=sys.stderr)
     results = {"model": model, "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
-               "torch": torch.__version__, "nanoserve": bench_nanoserve(model, prompts, max_tokens)}
-    ours = results["nanoserve"]
-    print(f"nanoserve: {ours['output_tokens']:,} tokens in {ours['seconds']:.1f} s = {ours['tok_per_s']:,.0f} tok/s "
-          f"({ours['prefill_steps']} steps with prefill, {ours['decode_only_steps']} decode-only, "
-          f"{ours['preemptions']} preemptions; KV pool {ours['kv_blocks']:,} blocks of {ours['block_size']})")
+               "torch": torch.__version__}
+    stages = STAGES if ladder else {"nanoserve": {}}  # {}: the LLM's defaults (graphs and fused ops on a GPU)
+    results["ladder"] = {}
+    for name, switches in stages.items():
+        found = results["ladder"][name] = bench_stage(model, prompts, max_tokens, **switches)
+        w, b = found["workload"], found["bs1"]
+        print(f"{name}: {w['output_tokens']:,} tokens in {w['seconds']:.1f} s = {w['tok_per_s']:,.0f} tok/s "
+              f"({w['prefill_steps']} steps with prefill, {w['decode_only_steps']} decode-only, {w['preemptions']} "
+              f"preemptions; KV pool {w['kv_blocks']:,} blocks of {w['block_size']}); batch 1: {b['tok_per_s']:,.0f} "
+              f"tok/s; startup {found['startup_s']:.1f} s")
+    last = found  # the last stage is everything on: the engine as `LLM(model)` builds it
+    results["nanoserve"], results["bs1"] = last["workload"], last["bs1"]
     if profile:
         from nanoserve.engine.llm import LLM
 
-        found = results["profile"] = profile_decode(LLM(model, max_model_len=4096), prompts)
+        with LLM(model, max_model_len=4096) as llm:
+            found = results["profile"] = profile_decode(llm, prompts)
         print(f"one decode step at batch {found['batch']}: {found['total_ms_per_step']:.2f} ms")
         for phase, ms in found["ms_per_step"].items():
             print(f"  {phase:26s} {ms:8.2f} ms  {ms / found['total_ms_per_step']:6.1%}")
@@ -186,7 +241,7 @@ def main(model: str, baseline: bool, out: str | None, num_seqs: int, profile: bo
             print("nanoserve: the transformers baseline needs a GPU; skipped", file=sys.stderr)
         else:
             theirs = results["transformers"] = bench_transformers(model, prompts, max_tokens)
-            results["speedup"] = ours["tok_per_s"] / theirs["tok_per_s"]
+            results["speedup"] = results["nanoserve"]["tok_per_s"] / theirs["tok_per_s"]
             print(f"{theirs['engine']}: {theirs['tok_per_s']:,.0f} useful tok/s ({theirs['seconds']:.1f} s); "
                   f"nanoserve is {results['speedup']:.2f}x")
     if out:

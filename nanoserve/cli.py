@@ -3,7 +3,7 @@
     nanoserve generate "Once upon a time" [--model NAME_OR_DIR] [--max-tokens N]
                        [--temperature T] [--top-k K] [--top-p P] [--seed S] [--chat] [--device cpu|cuda[:N]]
     nanoserve prepare tiny-qwen3 smollm2-135m-instruct
-    nanoserve bench [--model NAME_OR_DIR] [--num-seqs N] [--no-baseline] [--out FILE] [--profile]
+    nanoserve bench [--model NAME_OR_DIR] [--num-seqs N] [--no-baseline] [--out FILE] [--profile] [--ladder]
 
     nanoserve --debug SUBCOMMAND ...   (--debug goes before the subcommand: show the full traceback of an error)
 
@@ -68,6 +68,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--out", default=None, help="also write the results as JSON here")
     bench.add_argument("--profile", action="store_true",
                        help="also show where one decode step's time goes, with every request decoding")
+    bench.add_argument("--ladder", action="store_true",
+                       help="measure lesson 06's stages one by one: eager, + CUDA graphs, + fused ops")
     prep = sub.add_parser("prepare", help="build or find models now, so later runs start at once")
     prep.add_argument("models", nargs="+", help="model names, hub ids or directories")
     return parser
@@ -153,7 +155,7 @@ def run(args) -> int:
     if args.command == "bench":
         from nanoserve.bench import main as bench_main
 
-        return bench_main(args.model, not args.no_baseline, args.out, args.num_seqs, args.profile)
+        return bench_main(args.model, not args.no_baseline, args.out, args.num_seqs, args.profile, args.ladder)
     if args.command == "prepare":
         from nanoserve.model.zoo import resolve_model
 

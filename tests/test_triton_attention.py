@@ -175,6 +175,22 @@ def test_decode_edge_lengths():
         assert_close(ta.paged_decode_attention(q, k_cache, v_cache, tables, lens, num_splits=splits), ref)
 
 
+@pytest.mark.parametrize("splits", [1, 4])
+def test_decode_graph_padding_rows(splits):
+    # As a CUDA graph replays it (lesson 06): launched for the longest context (max_context_len fixed at
+    # capture), with padding rows of context length 0 and no blocks. Real rows are exact, padding is 0.
+    gen = torch.Generator().manual_seed(splits)
+    lengths = [5, 40, 1]
+    k_cache, v_cache, tables, lens = make_cache(lengths, 2, 64, 16, torch.float32, gen)
+    q = torch.randn(5, 4, 64, generator=gen).to(DEVICE)
+    padded_tables = torch.cat([tables, torch.full((2, tables.shape[1]), -1, dtype=tables.dtype, device=DEVICE)])
+    padded_lens = torch.cat([lens, torch.zeros(2, dtype=lens.dtype, device=DEVICE)])
+    out = ta.paged_decode_attention(q, k_cache, v_cache, padded_tables, padded_lens, max_context_len=512,
+                                    num_splits=splits)
+    assert_close(out[:3], reference.paged_decode_attention(q[:3], k_cache, v_cache, tables, lens))
+    assert torch.equal(out[3:], torch.zeros_like(out[3:]))
+
+
 @pytest.mark.parametrize("block_n", [16, 64])
 def test_decode_variants(block_n):
     gen = torch.Generator().manual_seed(block_n)

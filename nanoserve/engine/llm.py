@@ -149,9 +149,10 @@ class LLMSetup:
 
     def __init__(self, model: str | None = None, dtype="auto", max_model_len: int = 4096, max_num_seqs: int = 256,
                  max_num_batched_tokens: int = 8192, block_size: int = 16, enable_prefix_caching: bool = True,
-                 enable_chunked_prefill: bool = True, enforce_eager: bool = True, tensor_parallel_size: int = 1,
+                 enable_chunked_prefill: bool = True, enforce_eager: bool | None = None, tensor_parallel_size: int = 1,
                  gpu_memory_utilization: float = 0.9, num_gpu_blocks_override: int | None = None, seed: int = 0,
-                 device: str | None = None, cpu_kv_cache_gib: float = 1.0, record_steps: int = 0):
+                 device: str | None = None, cpu_kv_cache_gib: float = 1.0, record_steps: int = 0,
+                 fused_ops: bool = True):
         from nanoserve.model.loader import eos_token_ids, load_model, load_tokenizer
         from nanoserve.model.zoo import resolve_model
 
@@ -165,11 +166,20 @@ class LLMSetup:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization!r}")
         if not cpu_kv_cache_gib > 0:
             raise ValueError(f"cpu_kv_cache_gib must be > 0, got {cpu_kv_cache_gib!r}")
-        # enforce_eager is accepted for vLLM compatibility: until lesson 06 (CUDA graphs) every step is eager.
         path = resolve_model(model)
         device = resolve_device(device)
+        # Lesson 06's speed switches. enforce_eager: no CUDA graphs and no torch.compile (vLLM's default
+        # is graphs on a GPU; a CPU stays eager unless asked: compiling there takes a while). fused_ops:
+        # the fused model (packed QKV and gate/up, fused norms, RoPE, SiLU), compiled unless eager.
+        self.enforce_eager = device.type == "cpu" if enforce_eager is None else bool(enforce_eager)
+        self.fused_ops = bool(fused_ops)
+        model_args = {}
+        if self.fused_ops:
+            from nanoserve.model.qwen3_fused import FusedQwen3ForCausalLM
+
+            model_args = dict(model_cls=FusedQwen3ForCausalLM, compiled=not self.enforce_eager)
         self.tokenizer = load_tokenizer(path)
-        self.model = load_model(path, dtype=resolve_dtype(dtype, path, device), device=device)
+        self.model = load_model(path, dtype=resolve_dtype(dtype, path, device), device=device, **model_args)
         self.eos_token_ids = eos_token_ids(path, self.tokenizer)
         self.max_model_len = min(max_model_len, self.model.config.max_position_embeddings)
         self._pool = dict(block_size=block_size, prefix_caching=enable_prefix_caching, max_num_seqs=max_num_seqs,
@@ -199,8 +209,21 @@ class LLMSetup:
                 raise ValueError("no memory left for the KV cache: lower max_model_len or raise gpu_memory_utilization")
             cache_cls = PrefixCachingKVCache if pool["prefix_caching"] else PagedKVCache
             cache = cache_cls(self.model.config, num_blocks, pool["block_size"], weights.dtype, weights.device)
-            self._engine = LLMEngine(self.model, cache, self.tokenizer, self.eos_token_ids, **self._engine_args)
+            self._engine = LLMEngine(self.model, cache, self.tokenizer, self.eos_token_ids, runner=self._runner(cache),
+                                     **self._engine_args)
         return self._engine
+
+    def _runner(self, cache):
+        """Lesson 06's model runner (CUDA graphs on a GPU, the fused sampler), or None: lesson 05's."""
+        if self.enforce_eager:
+            return None
+        from nanoserve.engine.cuda_graphs import GraphModelRunner
+        from nanoserve.engine.fused_sampler import FusedSampler
+
+        args, device = self._engine_args, cache.k_cache.device
+        return GraphModelRunner(self.model, cache, args["max_num_seqs"], args["max_num_batched_tokens"],
+                                self.max_model_len, FusedSampler(args["max_num_seqs"], device, compiled=self.fused_ops),
+                                cuda_graphs=device.type == "cuda")
 
     @property
     def cache(self):

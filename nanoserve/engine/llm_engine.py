@@ -58,10 +58,11 @@ def start_forks(seq: Sequence, cache: PagedKVCache, scheduler: Scheduler) -> Non
 class LLMEngine:
     def __init__(self, model: Qwen3ForCausalLM, cache: PagedKVCache, tokenizer=None, eos_token_ids=(),
                  max_num_seqs: int = 256, max_num_batched_tokens: int = 8192, enable_chunked_prefill: bool = True,
-                 max_model_len: int = 4096, seed: int = 0, record_steps: int = 0):
+                 max_model_len: int = 4096, seed: int = 0, record_steps: int = 0, runner: ModelRunner | None = None):
         self.model, self.cache, self.tokenizer, self.eos = model, cache, tokenizer, set(eos_token_ids)
         self.scheduler = Scheduler(cache, max_num_seqs, max_num_batched_tokens, enable_chunked_prefill)
-        self.runner = ModelRunner(model, cache, max_num_seqs, max_num_batched_tokens, max_model_len)
+        # lesson 06 passes its own runner (CUDA graphs, a fused sampler)
+        self.runner = runner or ModelRunner(model, cache, max_num_seqs, max_num_batched_tokens, max_model_len)
         self.max_model_len = max_model_len
         self.seeder = random.Random(seed)  # seeds for requests that bring none: reproducible runs
         self.next_id = 0

@@ -36,16 +36,21 @@ class ModelRunner:
         (for sequences that asked for them)."""
         step, sample = prepare_inputs(batch)
         meta = self.builder.build(self.cache, step, sample)  # the one description of this step
-        hidden = self.model(meta.input_ids, meta.positions, self.cache, meta)
+        logits = self.forward(meta)
         sampled = [seq for seq, s in zip(batch.seqs, sample) if s]
         if not sampled:
             return [None] * len(batch.seqs), [None] * len(batch.seqs)
-        logits = self.model.compute_logits(hidden[meta.sample_rows])
         tokens = self.sampler(logits, [s.params for s in sampled], [s.seed for s in sampled],
                               [s.num_output_tokens for s in sampled])
         logprobs = top_logprobs(logits, tokens, [s.params.logprobs for s in sampled])
         tokens, logprobs = iter(tokens), iter(logprobs)
         return [next(tokens) if s else None for s in sample], [next(logprobs) if s else None for s in sample]
+
+
+    def forward(self, meta) -> torch.Tensor:
+        """Logits [num_sampled, vocab] of the step's sampled rows (lesson 06 replays a CUDA graph here)."""
+        hidden = self.model(meta.input_ids, meta.positions, self.cache, meta)
+        return self.model.compute_logits(hidden[meta.sample_rows])
 
 
 class Logprob(float):

@@ -29,12 +29,17 @@ def hash_uniform(seeds: torch.Tensor, steps: torch.Tensor, vocab_size: int) -> t
 
 
 def sample(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
-           seeds: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:
-    """One token per row of logits [B, V]; the other arguments are [B] tensors (top_k 0 = no limit)."""
+           seeds: torch.Tensor, steps: torch.Tensor, filtered: bool | None = None) -> torch.Tensor:
+    """One token per row of logits [B, V]; the other arguments are [B] tensors (top_k 0 = no limit).
+
+    filtered: does any row use top-k or top-p? None: look (on a GPU that costs a wait for the device;
+    the Sampler knows from the parameters and says)."""
     logits = logits.float()
     greedy = temperature == 0
     scaled = logits / torch.where(greedy, torch.ones_like(temperature), temperature)[:, None]
-    if bool((top_k > 0).any() or (top_p < 1).any()):
+    if filtered is None:
+        filtered = bool((top_k > 0).any() or (top_p < 1).any())
+    if filtered:
         sorted_logits, order = scaled.sort(dim=-1, descending=True)
         rank = torch.arange(logits.shape[-1], device=logits.device)[None, :]
         sorted_logits = sorted_logits.masked_fill((top_k[:, None] > 0) & (rank >= top_k[:, None]), float("-inf"))
@@ -56,5 +61,6 @@ class Sampler:
         top_k = torch.tensor([p.top_k for p in params], device=device)
         top_p = torch.tensor([p.top_p for p in params], dtype=torch.float32, device=device)
         seeds = torch.tensor([s % 2**63 for s in seeds], device=device)  # any Python int, as an int64
-        tokens = sample(logits, temperature, top_k, top_p, seeds, torch.tensor(steps, device=device))
+        filtered = any(p.top_k > 0 or p.top_p < 1 for p in params)
+        tokens = sample(logits, temperature, top_k, top_p, seeds, torch.tensor(steps, device=device), filtered)
         return tokens.tolist()

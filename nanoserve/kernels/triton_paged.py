@@ -152,7 +152,7 @@ def _decode_kernel(q, k_cache, v_cache, block_tables, context_lens, out, part_ac
         m = m_new
 
     if not SPLIT:  # the whole context was ours: normalize and write the answer
-        o = acc / l[:, None]
+        o = acc / tl.maximum(l, 1e-30)[:, None]  # context_len 0 (a CUDA graph's padding row): zeros, not 0/0
         tl.store(out + b * stride_ob + heads[:, None] * stride_oh + d[None, :],
                  o.to(out.dtype.element_ty), mask=_tile_mask(g < GROUP, d, D, D_PAD))
     else:  # write the partial result; a split past the end leaves m = -inf, l = 0, acc = 0
@@ -177,8 +177,10 @@ def _decode_reduce_kernel(part_acc, part_ml, out, stride_ob, stride_oh, num_spli
     m = tl.load(part_ml + base * 2, mask=i < num_splits, other=float("-inf"))
     l = tl.load(part_ml + base * 2 + 1, mask=i < num_splits, other=0.0)
     acc = tl.load(part_acc + base[:, None] * D_PAD + d[None, :], mask=(i < num_splits)[:, None], other=0.0)
-    w = tl.exp2(m - tl.max(m, axis=0))  # empty splits: exp2(-inf) = 0
-    o = tl.sum(acc * w[:, None], axis=0) / tl.sum(l * w, axis=0)
+    top = tl.max(m, axis=0)
+    top = tl.where(top == float("-inf"), 0.0, top)  # every split empty (context_len 0): zeros, not NaN
+    w = tl.exp2(m - top)  # empty splits: exp2(-inf) = 0
+    o = tl.sum(acc * w[:, None], axis=0) / tl.maximum(tl.sum(l * w, axis=0), 1e-30)
     tl.store(out + b * stride_ob + h * stride_oh + d, o.to(out.dtype.element_ty), mask=d < D)
 
 

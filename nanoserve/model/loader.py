@@ -60,7 +60,9 @@ def weight_files(path: Path) -> dict[str, Path]:
     return names
 
 
-def load_model(path, dtype: torch.dtype | None = None, device=None) -> Qwen3ForCausalLM:
+def load_model(path, dtype: torch.dtype | None = None, device=None, model_cls=Qwen3ForCausalLM,
+               **model_args) -> Qwen3ForCausalLM:
+    """The model (model_cls: lesson 06 passes its fused model) with the checkpoint's weights, in eval mode."""
     path = Path(path)
     if not path.is_dir():
         raise FileNotFoundError(f"{path}: model directory does not exist")
@@ -69,11 +71,11 @@ def load_model(path, dtype: torch.dtype | None = None, device=None) -> Qwen3ForC
     dtype = dtype or default_dtype(device)
 
     with torch.device("meta"):  # shapes only: no memory, no random init to throw away
-        model = Qwen3ForCausalLM(config)
+        model = model_cls(config, **model_args)
     model = model.to(dtype).to_empty(device=device)
     if config.tie_word_embeddings:  # to_empty breaks the sharing; tie the head again
         model.lm_head.weight = model.model.embed_tokens.weight
-    params = dict(model.named_parameters(remove_duplicate=False))
+    params = model.checkpoint_tensors()  # checkpoint name -> the tensor it fills
 
     where = weight_files(path)
     expected = {n for n in params if not (config.tie_word_embeddings and n == "lm_head.weight")}

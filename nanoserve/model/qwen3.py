@@ -147,3 +147,8 @@ class Qwen3ForCausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden)
+
+    def checkpoint_tensors(self) -> dict[str, torch.Tensor]:
+        """Checkpoint tensor name -> the parameter it loads into (lesson 06's fused model maps some names
+        to rows of a packed parameter)."""
+        return dict(self.named_parameters(remove_duplicate=False))
