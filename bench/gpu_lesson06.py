@@ -151,13 +151,55 @@ def timeline(result, trace_file):
         json.dump(trace, f)
 
 
+def kernel_breakdown(result):
+    """GPU time per kernel name over 3 decode steps at batch 1 and 256 (graphs + fused), and how long a
+    replay of each small graph takes (is padding batch 1 up to a larger graph faster?)."""
+    from collections import Counter
+
+    out = result["kernels"] = {}
+    with LLM(MODEL, max_model_len=2048, num_gpu_blocks_override=40000, **SWITCHES["graphs + fused"]) as llm:
+        engine = llm.engine
+        for batch in (1, 256):
+            for _ in range(batch):
+                engine.add_request(list(range(512)), SamplingParams(temperature=0.6, max_tokens=64, ignore_eos=True))
+            for _ in range(12):
+                engine.step()
+            torch.cuda.synchronize()
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+                for _ in range(3):
+                    engine.step()
+                torch.cuda.synchronize()
+            spent = Counter()
+            for e in prof.events():
+                if e.device_type == torch.autograd.DeviceType.CUDA:
+                    spent[e.name[:60]] += (e.time_range.end - e.time_range.start) / 3
+            out[f"batch{batch}_us_per_step"] = dict(spent.most_common(25))
+            out[f"batch{batch}_gpu_us_per_step"] = sum(spent.values())
+            if batch == 1:
+                runner = engine.runner
+                runner.builder.d["slot_mapping"].fill_(-1)  # replays below write no K/V
+                replay = {}
+                for size in runner.sizes[:6]:
+                    graph = runner.graphs[size][0]
+                    torch.cuda.synchronize()
+                    start = time.perf_counter()
+                    for _ in range(100):
+                        graph.replay()
+                    torch.cuda.synchronize()
+                    replay[size] = (time.perf_counter() - start) * 10  # ms per replay
+                out["replay_ms_by_graph_size"] = replay
+            while engine.has_unfinished():
+                engine.step()
+    print(json.dumps(out, indent=1), flush=True)
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", required=True)
     parser.add_argument("--trace", required=True)
     args = parser.parse_args()
     result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "model": MODEL}
-    for part in (fp32_equality, bf16_parity, capture_cost):
+    for part in (fp32_equality, bf16_parity, capture_cost, kernel_breakdown):
         part(result)
         with open(args.out, "w") as f:
             json.dump(result, f, indent=1)

@@ -42,14 +42,27 @@ def timed_generate(llm, prompts, params) -> tuple[float, list]:
 def bench_nanoserve(llm, prompts, max_tokens) -> dict:
     """The workload through an LLM (warmed up already)."""
     params = [SamplingParams(temperature=0.6, ignore_eos=True, max_tokens=m) for m in max_tokens]
-    before = dataclasses.replace(llm.engine.stats)  # the counters before the timed call
-    seconds, outputs = timed_generate(llm, prompts, params)
+    engine = llm.engine
+    before = dataclasses.replace(engine.stats)  # the counters before the timed call
+    split = {"prefill": 0.0, "decode": 0.0}  # seconds in steps with prompt tokens, and in decode-only steps
+
+    def step():  # each step ends by reading its tokens on the host, so its time is its own
+        start, prefills = time.perf_counter(), engine.stats.prefill_steps
+        try:
+            return engine_step()
+        finally:
+            split["prefill" if engine.stats.prefill_steps > prefills else "decode"] += time.perf_counter() - start
+
+    engine_step = engine.step
+    with replaced(engine, "step", step):
+        seconds, outputs = timed_generate(llm, prompts, params)
     tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
     stats = llm.engine.stats
     steps, prefill_steps = stats.steps - before.steps, stats.prefill_steps - before.prefill_steps
     pool = llm.cache.block_manager
     return {"seconds": seconds, "output_tokens": tokens, "tok_per_s": tokens / seconds,
             "prefill_steps": prefill_steps, "decode_only_steps": steps - prefill_steps,
+            "prefill_steps_s": split["prefill"], "decode_steps_s": split["decode"],
             "preemptions": stats.preemptions - before.preemptions, "kv_blocks": pool.num_blocks,
             "block_size": pool.block_size}
 

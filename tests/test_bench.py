@@ -13,7 +13,7 @@ def test_profile_accounts_for_the_whole_step_and_leaves_the_engine_as_it_was():
     assert abs(sum(phases.values()) - found["total_ms_per_step"]) < 1e-6
     # the timers are gone, the profiled requests too, and the engine still generates
     engine = llm.engine
-    assert "schedule" not in vars(engine.scheduler) and "forward" not in vars(engine.runner.model)
+    assert "schedule" not in vars(engine.scheduler) and "forward" not in vars(engine.runner)
     assert isinstance(engine.runner.sampler, Sampler)
     assert not engine.has_unfinished() and not llm.cache.block_manager.block_tables
     assert len(llm.generate([[1, 2, 3]], use_tqdm=False)[0].outputs[0].token_ids) == 16

@@ -46,7 +46,6 @@ class ModelRunner:
         tokens, logprobs = iter(tokens), iter(logprobs)
         return [next(tokens) if s else None for s in sample], [next(logprobs) if s else None for s in sample]
 
-
     def forward(self, meta) -> torch.Tensor:
         """Logits [num_sampled, vocab] of the step's sampled rows (lesson 06 replays a CUDA graph here)."""
         hidden = self.model(meta.input_ids, meta.positions, self.cache, meta)

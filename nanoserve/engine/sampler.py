@@ -56,6 +56,8 @@ class Sampler:
     """Turns per-request SamplingParams into tensors once per step, then samples the whole batch."""
 
     def __call__(self, logits: torch.Tensor, params: list, seeds: list[int], steps: list[int]) -> list[int]:
+        if all(p.temperature == 0 for p in params):  # all greedy (known here): no random numbers needed
+            return logits.argmax(dim=-1).tolist()
         device = logits.device
         temperature = torch.tensor([p.temperature for p in params], dtype=torch.float32, device=device)
         top_k = torch.tensor([p.top_k for p in params], device=device)

@@ -36,9 +36,11 @@ def _rescaled(q, scale):
 def paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale=None, max_context_len=None):
     """One new token per sequence: q [B, heads, head_dim] -> [B, heads, head_dim]."""
     longest = max_context_len or int(context_lens.max())
-    k = torch.stack([gather_kv(k_cache, t, longest) for t in block_tables])  # padded to the longest
-    v = torch.stack([gather_kv(v_cache, t, longest) for t in block_tables])
-    return decode_attention(_rescaled(q, scale), k, v, context_lens).to(q.dtype)  # lesson 02 masks each row
+    # gather_kv for the whole batch in one indexing op: [B, blocks, block_size, ...] -> [B, tokens, ...].
+    # A -1 (no block) reads block 0; those slots lie past the row's length, and lesson 02 masks them.
+    blocks = block_tables[:, : -(-longest // k_cache.shape[1])].clamp(min=0).long()
+    k, v = k_cache[blocks].flatten(1, 2), v_cache[blocks].flatten(1, 2)
+    return decode_attention(_rescaled(q, scale), k, v, context_lens).to(q.dtype)
 
 
 def paged_prefill_attention(q, k_cache, v_cache, cu_seqlens_q, context_lens, block_tables, scale=None,

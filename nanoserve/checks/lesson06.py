@@ -1,0 +1,165 @@
+"""Checks for lesson 06 (CUDA graphs and fused ops), all on a CPU. Oracles: lesson 01's rms_norm and model,
+hand-worked graph ladders, and lesson 05's eager engine (the same tokens, padded or not)."""
+import torch
+
+from nanoserve.checks.lesson01 import TINY_CONFIGS, _close, hf_tiny_model, ours_from_hf
+
+
+def check_add_rms_norm(add_rms_norm) -> None:
+    from nanoserve.model.qwen3 import rms_norm
+
+    gen = torch.Generator().manual_seed(6)
+    for dtype in (torch.float32, torch.bfloat16):
+        x, residual = torch.randn(2, 5, 64, generator=gen).mul(3).to(dtype).unbind(0)
+        weight = torch.rand(64, generator=gen).add(0.5).to(dtype)
+        got = add_rms_norm(x, residual, weight, 1e-6)
+        if not isinstance(got, tuple) or len(got) != 2:
+            raise AssertionError(f"add_rms_norm returns (normed, new residual), a tuple of two; got {type(got).__name__}")
+        normed, new_residual = got
+        if not isinstance(new_residual, torch.Tensor) or not torch.equal(new_residual, x + residual):
+            raise AssertionError(f"{dtype}: the second output is the new residual stream, x + residual")
+        want = rms_norm(x + residual, weight, 1e-6)
+        if dtype == torch.float32 and not (isinstance(normed, torch.Tensor) and torch.equal(normed, want)):
+            _close("float32: rms_norm(x + residual)", normed, want, 0.0,
+                   "Eagerly it is the same arithmetic as lesson 01, so the same bits: add, then lesson 01's norm.")
+        _close(f"{dtype}: rms_norm(x + residual)", normed, want, 2e-2)
+        if normed.dtype != dtype:
+            raise AssertionError(f"the output keeps the input's dtype ({dtype}), got {normed.dtype}")
+    print("✓ add_rms_norm: (rms_norm(x + residual), x + residual), bit-equal to lesson 01 in float32, close in bf16")
+
+
+def tiny_qwen3_logits(model, prompt_len: int = 12) -> torch.Tensor:
+    """Logits of a prompt through a model with lesson 01's NoCache backend."""
+    from nanoserve.cache.no_cache import NoCache
+
+    ids = torch.arange(prompt_len) * 37 % 1000 + 5
+    with torch.inference_mode():
+        return model.compute_logits(model(ids, torch.arange(prompt_len), NoCache()))
+
+
+def check_checkpoint_tensors(model_cls, model: str = "tiny-qwen3") -> None:
+    from nanoserve.model.loader import load_model
+    from nanoserve.model.zoo import resolve_model
+
+    path = resolve_model(model)
+    fused = load_model(path, dtype=torch.float32, device="cpu", model_cls=model_cls)
+    plain = load_model(path, dtype=torch.float32, device="cpu")
+    names, want_names = set(fused.checkpoint_tensors()), set(plain.checkpoint_tensors())
+    if names != want_names:
+        raise AssertionError(f"checkpoint_tensors names: missing {sorted(want_names - names)[:3]}, unexpected "
+                             f"{sorted(names - want_names)[:3]}; they are the checkpoint's names (q_proj, ...)")
+    got, want = tiny_qwen3_logits(fused), tiny_qwen3_logits(plain)
+    if not torch.equal(got, want):
+        _close(f"{model}: fused logits vs lesson 01's model", got, want, 0.0,
+               "Are q, k, v the rows [0, q_size), [q_size, q_size + kv_size), the rest? gate the first half of "
+               "gate_up_proj, up the second?")
+    print(f"✓ checkpoint_tensors: {model} loads into the packed model, whose logits equal lesson 01's (float32)")
+
+
+def check_graph_sizes(graph_sizes, padded_size) -> None:
+    got = graph_sizes(100)
+    want = [1, 2, 4, 8] + list(range(16, 100, 16)) + [100]
+    if got != want:
+        raise AssertionError(f"graph_sizes(100) = {got}, want {want}: 1, 2, 4, 8, multiples of 16, the maximum")
+    for most in (1, 2, 3, 8, 16, 17, 20, 48, 100, 256, 300):
+        sizes = graph_sizes(most)
+        if sizes != sorted(set(sizes)) or sizes[-1] != most:
+            raise AssertionError(f"graph_sizes({most}) = {sizes}: increasing, no repeats, ending at {most}")
+    for sizes in ([1, 2, 4, 8, 16, 32, 48], [3, 7], [5]):
+        for n in range(1, sizes[-1] + 3):
+            want = min((s for s in sizes if s >= n), default=None)
+            if padded_size(n, sizes) != want:
+                raise AssertionError(f"padded_size({n}, {sizes}) = {padded_size(n, sizes)}, want {want}: the "
+                                     f"smallest size >= n (None when n is larger than every size)")
+    print("✓ graph_sizes and padded_size: every batch of 1..max_num_seqs finds the smallest graph that holds it")
+
+
+class CPUGraph:
+    """A CPU stand-in for torch.cuda.CUDAGraph, with its contract: "recording" runs fn once and keeps its
+    output; replay runs fn again into that same output tensor. fn must read only tensors that live as long
+    as the graph (static inputs). It saves nothing: on a CPU it only checks the bookkeeping around graphs."""
+
+    def __init__(self, fn):
+        self.fn, self.replays = fn, 0
+        self.output = fn()
+
+    def replay(self) -> None:
+        self.output.copy_(self.fn())
+        self.replays += 1
+
+
+def cpu_graphs(runner, sizes: list[int]) -> None:
+    """Give a GraphModelRunner (built with cuda_graphs=False) CPUGraphs of these sizes, as capture() does."""
+    runner.sizes = sizes
+    runner.pad(0, sizes[-1])
+    for size in reversed(sizes):
+        meta = runner.static_metadata(size)
+        graph = CPUGraph(lambda meta=meta: runner._logits(meta))
+        runner.graphs[size] = (graph, graph.output)
+
+
+def _engine_outputs(engine, requests):
+    seqs = [engine.add_request(prompt, params) for prompt, params in requests]
+    while engine.has_unfinished():
+        engine.step()
+    return [s.output_ids for s in seqs]
+
+
+def check_pad(runner_cls) -> None:
+    import random
+
+    from nanoserve.cache.paged import PagedKVCache
+    from nanoserve.engine.llm_engine import LLMEngine
+    from nanoserve.engine.sampling_params import SamplingParams
+    from nanoserve.model.qwen3 import Qwen3ForCausalLM
+
+    model = ours_from_hf(Qwen3ForCausalLM, hf_tiny_model(**TINY_CONFIGS["qwen3 group=2 head_dim=128"], seed=6))
+    args = dict(max_num_seqs=8, max_num_batched_tokens=64, max_model_len=64)
+    runner = runner_cls(model, PagedKVCache(model.config, num_blocks=64, block_size=4), **args, cuda_graphs=False)
+    h = runner.builder.h
+    for name in ("input_ids", "positions", "slot_mapping", "context_lens"):
+        h[name][:] = 77
+    runner.pad(3, 6)
+    for name, value in (("input_ids", 0), ("positions", 0), ("slot_mapping", -1), ("context_lens", 0)):
+        row = h[name][:8].tolist()
+        if row[3:6] != [value] * 3 or row[:3] + row[6:] != [77] * 5:
+            raise AssertionError(f"after pad(3, 6), {name}[:8] = {row}: rows 3, 4, 5 should be {value}, the others "
+                                 f"untouched (77)")
+    # The whole path on a CPU: padded decode batches through CPUGraph stand-ins give the eager engine's tokens.
+    rng = random.Random(6)
+    requests = [([rng.randrange(512) for _ in range(rng.randint(1, 12))],
+                 SamplingParams(temperature=0 if i % 2 else 0.8, seed=i, max_tokens=rng.randint(2, 10), ignore_eos=True))
+                for i in range(7)]
+    want = _engine_outputs(LLMEngine(model, PagedKVCache(model.config, num_blocks=64, block_size=4), **args), requests)
+    cache = PagedKVCache(model.config, num_blocks=64, block_size=4)
+    runner = runner_cls(model, cache, **args, cuda_graphs=False)
+    cpu_graphs(runner, [1, 2, 4, 8])
+    got = _engine_outputs(LLMEngine(model, cache, **args, runner=runner), requests)
+    replays = {size: graph.replays for size, (graph, _) in runner.graphs.items()}
+    if got != want:
+        raise AssertionError(f"through padded graphs: {got}; eager: {want}. Padding rows must write no K/V "
+                             f"(slot -1) and attend to nothing (context length 0)")
+    if not (replays[4] and replays[8]):
+        raise AssertionError(f"replays per graph size {replays}: the padded graphs did not run")
+    print(f"✓ pad: padding rows write nowhere; 7 requests through padded graph replays {replays} give the eager "
+          f"engine's tokens")
+
+
+def workload_roofline(bandwidth: float = 4.3e12) -> dict:
+    """Lesson 05's roofline of the benchmark workload's decode steps on one H200 with Qwen3-0.6B (bf16):
+    every step reads all the weights once, every running request its whole context's K/V once."""
+    from nanoserve.bench import workload
+
+    hidden, layers, q_size, kv_size, inter, vocab = 1024, 28, 16 * 128, 8 * 128, 3072, 151936  # Qwen3-0.6B
+    params = vocab * hidden + layers * (hidden * (q_size + 2 * kv_size) + q_size * hidden + 3 * hidden * inter)
+    weight_bytes, kv_bytes_per_token = 2 * params, 2 * layers * kv_size * 2
+    prompts, max_tokens = workload()
+    kv_read = weight_read = 0
+    for step in range(max(max_tokens) - 1):  # the first token of each request comes from its prefill
+        contexts = [len(p) + 1 + step for p, m in zip(prompts, max_tokens) if step < m - 1]
+        kv_read += kv_bytes_per_token * sum(contexts)
+        weight_read += weight_bytes
+    seconds = (kv_read + weight_read) / bandwidth
+    return {"kv_bytes": kv_read, "weight_bytes": weight_read, "bytes": kv_read + weight_read, "seconds": seconds,
+            "output_tokens": sum(max_tokens), "tok_per_s": sum(max_tokens) / seconds, "bandwidth": bandwidth,
+            "weight_bytes_per_step": weight_bytes}

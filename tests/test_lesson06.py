@@ -1,0 +1,114 @@
+"""Lesson 06: fused ops, the packed model, CUDA-graph bookkeeping, the fused sampler. Checks on the engine,
+stubs that fail, and the pieces that run on a CPU (the graphs themselves need a GPU: bench/gpu_lesson06.py)."""
+import pytest
+import torch
+from lesson_source import generated_lesson
+
+from nanoserve.checks import lesson06 as checks
+from nanoserve.engine import cuda_graphs
+from nanoserve.engine.cuda_graphs import GraphModelRunner, graph_sizes, padded_size
+from nanoserve.engine.fused_sampler import FusedSampler
+from nanoserve.engine.sampler import Sampler
+from nanoserve.engine.sampling_params import SamplingParams
+from nanoserve.kernels import fused
+from nanoserve.model.qwen3_fused import FusedQwen3ForCausalLM
+
+
+def exercises(ns):
+    return {
+        "6.1 add_rms_norm": lambda: checks.check_add_rms_norm(ns["add_rms_norm"]),
+        "6.2 checkpoint_tensors": lambda: checks.check_checkpoint_tensors(ns["FusedQwen3ForCausalLM"]),
+        "6.3 graph_sizes": lambda: checks.check_graph_sizes(ns["graph_sizes"], ns["padded_size"]),
+        "6.4 pad": lambda: checks.check_pad(ns["GraphModelRunner"]),
+    }
+
+
+ENGINE = {**vars(fused), "FusedQwen3ForCausalLM": FusedQwen3ForCausalLM, **vars(cuda_graphs)}
+
+
+@pytest.mark.parametrize("name", list(exercises(ENGINE)))
+def test_engine_passes_check(name):
+    exercises(ENGINE)[name]()
+
+
+@pytest.mark.parametrize("name", list(exercises(ENGINE)))
+def test_untouched_stub_fails_its_check(name):
+    ns = {"__name__": "lesson06"}
+    for cell in generated_lesson("06_cuda_graphs")["cells"]:
+        source = "".join(cell["source"])
+        if cell["cell_type"] == "code" and source.startswith("#| export"):
+            exec(compile(source, "lesson06", "exec"), ns)
+    number = name.split()[0]
+    if number == "6.4":  # isolate the pad stub: the ladder (6.3) solved
+        ns["graph_sizes"], ns["padded_size"] = graph_sizes, padded_size
+    with pytest.raises(NotImplementedError, match=f"Exercise {number}"):
+        exercises(ns)[name]()
+
+
+@pytest.mark.parametrize("most", [1, 2, 3, 5, 8, 9, 15, 16, 17, 31, 100, 250, 256, 257, 512])
+def test_every_batch_size_finds_the_smallest_graph(most):
+    sizes = graph_sizes(most)
+    assert sizes == sorted(set(sizes)) and sizes[-1] == most and sizes[0] == 1
+    for n in range(1, most + 1):
+        size = padded_size(n, sizes)
+        assert size in sizes and size >= n and not any(n <= s < size for s in sizes)
+    assert padded_size(most + 1, sizes) is None  # the runner runs such a batch eagerly
+
+
+def test_the_workload_roofline_is_lesson_05s():
+    assert round(checks.workload_roofline()["tok_per_s"]) == 38217  # what lesson 05 prints
+
+
+@pytest.mark.parametrize("model", ["tiny-qwen3", "smollm2-135m-instruct"])  # Qwen3; Llama (no q/k-norm, tied)
+def test_fused_model_gives_lesson_01s_logits_in_float32(model):
+    checks.check_checkpoint_tensors(FusedQwen3ForCausalLM, model)
+
+
+def test_compiled_fused_ops_are_close_to_eager():
+    gen = torch.Generator().manual_seed(0)
+    compiled = fused.FusedOps(compiled=True)
+    for tokens in (3, 7):  # dynamic=True: one compilation serves both
+        x, residual = torch.randn(2, tokens, 64, generator=gen).unbind(0)
+        weight = torch.rand(64, generator=gen)
+        for got, want in zip(compiled.add_rms_norm(x, residual, weight, 1e-6), fused.add_rms_norm(x, residual, weight, 1e-6)):
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_fused_sampler_gives_lesson_02s_tokens():
+    gen = torch.Generator().manual_seed(2)
+    kinds = [dict(temperature=0), dict(temperature=0.8), dict(temperature=0.7, top_k=5), dict(temperature=1.0, top_p=0.8),
+             dict(temperature=0.9, top_k=50, top_p=0.95)]
+    sampler = FusedSampler(max_num_seqs=8, device="cpu", compiled=True)
+    for step, rows in enumerate([[0, 1, 2, 3, 4, 1, 0], [1, 0, 1], [2, 3], [0, 1, 1, 0, 1, 1, 1, 0], [4]]):
+        params = [SamplingParams(**kinds[k]) for k in rows]
+        logits = torch.randn(len(rows), 300, generator=gen) * 4
+        seeds, steps = [10 * step + i for i in range(len(rows))], [step] * len(rows)
+        assert sampler(logits, params, seeds, steps) == Sampler()(logits, params, seeds, steps), f"call {step}: {rows}"
+
+
+@pytest.fixture(scope="module")
+def reference_tokens():
+    from nanoserve.engine.llm import LLM
+
+    with LLM("tiny-qwen3", max_model_len=128, num_gpu_blocks_override=64, enforce_eager=True, fused_ops=False) as llm:
+        return _tokens(llm)
+
+
+def _tokens(llm):
+    params = [SamplingParams(temperature=0, max_tokens=8, ignore_eos=True),
+              SamplingParams(temperature=0.8, seed=3, max_tokens=8, ignore_eos=True, n=2),
+              SamplingParams(temperature=0.7, top_k=20, top_p=0.9, seed=5, max_tokens=8, ignore_eos=True)]
+    outputs = llm.generate(["Hello there", [1, 2, 3, 4, 5], "Once upon a time"], params, use_tqdm=False)
+    return [[c.token_ids for c in o.outputs] for o in outputs]
+
+
+@pytest.mark.parametrize("switches", [dict(), dict(enforce_eager=False)], ids=["cpu defaults", "compiled"])
+def test_llm_switches_on_a_cpu_give_the_eager_engines_tokens(reference_tokens, switches):
+    from nanoserve.engine.llm import LLM
+
+    with LLM("tiny-qwen3", max_model_len=128, num_gpu_blocks_override=64, **switches) as llm:
+        assert isinstance(llm.model, FusedQwen3ForCausalLM)  # fused_ops is on by default
+        assert llm.enforce_eager == ("enforce_eager" not in switches)  # a CPU is eager unless asked
+        runner = llm.engine.runner
+        assert isinstance(runner, GraphModelRunner) != llm.enforce_eager and not getattr(runner, "graphs", None)
+        assert _tokens(llm) == reference_tokens
