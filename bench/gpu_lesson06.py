@@ -16,8 +16,11 @@ from nanoserve.engine.sampling_params import SamplingParams
 from nanoserve.model.zoo import resolve_model
 
 MODEL = "qwen3-0.6b-random"
-SWITCHES = {"eager": dict(enforce_eager=True, fused_ops=False), "graphs": dict(enforce_eager=False, fused_ops=False),
-            "fused eager": dict(enforce_eager=True, fused_ops=True), "graphs + fused": dict(enforce_eager=False, fused_ops=True)}
+SWITCHES = {"eager": dict(enforce_eager=True, fused_ops=False, async_scheduling=False),
+            "graphs": dict(enforce_eager=False, fused_ops=False, async_scheduling=False),
+            "fused eager": dict(enforce_eager=True, fused_ops=True, async_scheduling=False),
+            "graphs + fused": dict(enforce_eager=False, fused_ops=True, async_scheduling=False),
+            "graphs + fused + async": dict(enforce_eager=False, fused_ops=True, async_scheduling=True)}
 
 
 def requests(num: int = 24):
@@ -60,9 +63,9 @@ def fp32_equality(result):
                          "max_logprob_diff": max_logprob_diff(lp, ref_lp),
                          "graph_sizes": getattr(llm.engine.runner, "sizes", [])}
     small = dict(base, num_gpu_blocks_override=40, max_num_seqs=12, max_num_batched_tokens=64)
-    with LLM(MODEL, **small, **SWITCHES["graphs + fused"]) as llm:
+    with LLM(MODEL, **small, **SWITCHES["graphs + fused + async"]) as llm:
         tokens, _ = run(llm, prompts, params)
-        out["graphs + fused, 40 blocks (preemption), chunked by 64"] = {
+        out["graphs + fused + async, 40 blocks (preemption), chunked by 64"] = {
             "equal_requests": sum(a == b for a, b in zip(tokens, ref_tokens)), "of": len(prompts),
             "preemptions": llm.engine.stats.preemptions}
     print(json.dumps(out, indent=1), flush=True)
@@ -86,7 +89,7 @@ def bf16_parity(result):
                               eos_token_id=None, pad_token_id=0)[0, len(p):].tolist() for p in prompts]
     del hf
     out = result["bf16_greedy_common_prefix_with_transformers"] = {"of": 32}
-    for name in ("eager", "graphs + fused"):
+    for name in ("eager", "graphs + fused + async"):
         with LLM(MODEL, dtype=torch.bfloat16, max_model_len=1024, num_gpu_blocks_override=512, **SWITCHES[name]) as llm:
             ours = [o.outputs[0].token_ids for o in llm.generate(prompts, sp, use_tqdm=False)]
         out[name] = [agree(a, b) for a, b in zip(ours, theirs)]
@@ -116,7 +119,7 @@ def capture_cost(result):
 
 
 def timeline(result, trace_file):
-    """Kernels and launches of 3 batch-1 decode steps, eager vs graphs + fused."""
+    """Kernels and launches of 3 batch-1 decode steps, eager vs graphs + fused (steps one after another)."""
     trace = {}
     for name in ("eager", "graphs + fused"):
         with LLM(MODEL, max_model_len=1024, num_gpu_blocks_override=512, **SWITCHES[name]) as llm:
@@ -197,15 +200,17 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", required=True)
     parser.add_argument("--trace", required=True)
+    parser.add_argument("--parts", nargs="+", default=["fp32_equality", "bf16_parity", "capture_cost",
+                                                        "kernel_breakdown", "timeline"])
     args = parser.parse_args()
     result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "model": MODEL}
-    for part in (fp32_equality, bf16_parity, capture_cost, kernel_breakdown):
-        part(result)
-        with open(args.out, "w") as f:
+    for part in args.parts:
+        if part == "timeline":
+            timeline(result, args.trace)
+        else:
+            globals()[part](result)
+        with open(args.out, "w") as f:  # after every part: a later failure keeps what was measured
             json.dump(result, f, indent=1)
-    timeline(result, args.trace)
-    with open(args.out, "w") as f:
-        json.dump(result, f, indent=1)
 
 
 if __name__ == "__main__":

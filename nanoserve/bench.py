@@ -24,9 +24,10 @@ def workload(num_seqs: int = 256, max_input_len: int = 1024, max_output_len: int
 
 
 # The stage ladder of lesson 06: the same engine with its speed switches turned on one by one.
-STAGES = {"eager (lesson 05)": dict(enforce_eager=True, fused_ops=False),
-          "+ CUDA graphs": dict(enforce_eager=False, fused_ops=False),
-          "+ fused ops": dict(enforce_eager=False, fused_ops=True)}
+STAGES = {"eager (lesson 05)": dict(enforce_eager=True, fused_ops=False, async_scheduling=False),
+          "+ CUDA graphs": dict(enforce_eager=False, fused_ops=False, async_scheduling=False),
+          "+ fused ops": dict(enforce_eager=False, fused_ops=True, async_scheduling=False),
+          "+ async scheduling": dict(enforce_eager=False, fused_ops=True, async_scheduling=True)}
 
 
 def timed_generate(llm, prompts, params) -> tuple[float, list]:
@@ -244,7 +245,8 @@ def main(model: str, baseline: bool, out: str | None, num_seqs: int, profile: bo
     if profile:
         from nanoserve.engine.llm import LLM
 
-        with LLM(model, max_model_len=4096) as llm:
+        # Steps one after another (no async scheduling), so that each phase's time is its own.
+        with LLM(model, max_model_len=4096, async_scheduling=False) as llm:
             found = results["profile"] = profile_decode(llm, prompts)
         print(f"one decode step at batch {found['batch']}: {found['total_ms_per_step']:.2f} ms")
         for phase, ms in found["ms_per_step"].items():

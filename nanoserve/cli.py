@@ -69,7 +69,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--profile", action="store_true",
                        help="also show where one decode step's time goes, with every request decoding")
     bench.add_argument("--ladder", action="store_true",
-                       help="measure lesson 06's stages one by one: eager, + CUDA graphs, + fused ops")
+                       help="measure lesson 06's stages one by one: eager, + CUDA graphs, + fused ops, "
+                            "+ async scheduling")
     prep = sub.add_parser("prepare", help="build or find models now, so later runs start at once")
     prep.add_argument("models", nargs="+", help="model names, hub ids or directories")
     return parser

@@ -13,28 +13,38 @@ class FusedSampler(Sampler):
     def __init__(self, max_num_seqs: int, device, compiled: bool = True):
         self.device = torch.device(device)
         on_gpu = self.device.type == "cuda"
-        # rows: temperature, top_p | top_k, seed, step
-        self.host_f = torch.zeros(2, max_num_seqs, dtype=torch.float32, pin_memory=on_gpu)
-        self.host_i = torch.zeros(3, max_num_seqs, dtype=torch.int64, pin_memory=on_gpu)
-        self.dev_f, self.dev_i = self.host_f.to(self.device), self.host_i.to(self.device)
+        # rows: temperature, top_p | top_k, seed, step. Two sets of host buffers, used in turn: with
+        # overlapped steps the copy of one step's parameters may still wait in the GPU's queue while
+        # the next step's are written.
+        self.host_f = [torch.zeros(2, max_num_seqs, dtype=torch.float32, pin_memory=on_gpu) for _ in range(2)]
+        self.host_i = [torch.zeros(3, max_num_seqs, dtype=torch.int64, pin_memory=on_gpu) for _ in range(2)]
+        self.dev_f = torch.zeros(2, max_num_seqs, dtype=torch.float32, device=self.device)
+        self.dev_i = torch.zeros(3, max_num_seqs, dtype=torch.int64, device=self.device)
+        self.turn = 0
         # Only the common path is compiled: with top-k/top-p (a sort and a cumsum) torch 2.11's inductor
         # fails on dynamic shapes, so those steps run lesson 02's eager code (the same tokens).
         self.compiled_sample = torch.compile(sample, dynamic=True) if compiled else sample
 
     def __call__(self, logits: torch.Tensor, params: list, seeds: list[int], steps: list[int]) -> list[int]:
+        return self.launch(logits, params, seeds, steps).tolist()
+
+    def launch(self, logits: torch.Tensor, params: list, seeds: list[int], steps: list[int]) -> torch.Tensor:
+        """The sampled tokens as a device tensor: queued on the GPU, not waited for."""
         if all(p.temperature == 0 for p in params):  # all greedy: no random numbers needed
-            return logits.argmax(dim=-1).tolist()
+            return logits.argmax(dim=-1)
         n = len(params)
-        f, i = self.host_f.numpy(), self.host_i.numpy()
+        host_f, host_i = self.host_f[self.turn], self.host_i[self.turn]
+        self.turn ^= 1
+        f, i = host_f.numpy(), host_i.numpy()
         f[0, :n] = [p.temperature for p in params]
         f[1, :n] = [p.top_p for p in params]
         i[0, :n] = [p.top_k for p in params]
         i[1, :n] = [s % 2**63 for s in seeds]  # any Python int, as an int64
         i[2, :n] = steps
-        self.dev_f[:, :n].copy_(self.host_f[:, :n], non_blocking=True)
-        self.dev_i[:, :n].copy_(self.host_i[:, :n], non_blocking=True)
+        self.dev_f[:, :n].copy_(host_f[:, :n], non_blocking=True)
+        self.dev_i[:, :n].copy_(host_i[:, :n], non_blocking=True)
         filtered = any(p.top_k > 0 or p.top_p < 1 for p in params)  # known here: no need to ask the device
         temperature, top_p = self.dev_f[:, :n]
         top_k, seeds, steps = self.dev_i[:, :n]
         fn = sample if filtered else self.compiled_sample
-        return fn(logits, temperature, top_k, top_p, seeds, steps, filtered).tolist()
+        return fn(logits, temperature, top_k, top_p, seeds, steps, filtered)

@@ -152,7 +152,7 @@ class LLMSetup:
                  enable_chunked_prefill: bool = True, enforce_eager: bool | None = None, tensor_parallel_size: int = 1,
                  gpu_memory_utilization: float = 0.9, num_gpu_blocks_override: int | None = None, seed: int = 0,
                  device: str | None = None, cpu_kv_cache_gib: float = 1.0, record_steps: int = 0,
-                 fused_ops: bool = True):
+                 fused_ops: bool = True, async_scheduling: bool | None = None):
         from nanoserve.model.loader import eos_token_ids, load_model, load_tokenizer
         from nanoserve.model.zoo import resolve_model
 
@@ -173,6 +173,8 @@ class LLMSetup:
         # the fused model (packed QKV and gate/up, fused norms, RoPE, SiLU), compiled unless eager.
         self.enforce_eager = device.type == "cpu" if enforce_eager is None else bool(enforce_eager)
         self.fused_ops = bool(fused_ops)
+        # async_scheduling: overlap the CPU's work for the next decode step with the GPU's for this one
+        self.async_scheduling = not self.enforce_eager if async_scheduling is None else bool(async_scheduling)
         model_args = {}
         if self.fused_ops:
             from nanoserve.model.qwen3_fused import FusedQwen3ForCausalLM
@@ -209,21 +211,29 @@ class LLMSetup:
                 raise ValueError("no memory left for the KV cache: lower max_model_len or raise gpu_memory_utilization")
             cache_cls = PrefixCachingKVCache if pool["prefix_caching"] else PagedKVCache
             cache = cache_cls(self.model.config, num_blocks, pool["block_size"], weights.dtype, weights.device)
-            self._engine = LLMEngine(self.model, cache, self.tokenizer, self.eos_token_ids, runner=self._runner(cache),
+            engine_cls = LLMEngine
+            if self.async_scheduling:
+                from nanoserve.engine.overlap import OverlappedLLMEngine
+
+                engine_cls = OverlappedLLMEngine
+            self._engine = engine_cls(self.model, cache, self.tokenizer, self.eos_token_ids, runner=self._runner(cache),
                                      **self._engine_args)
         return self._engine
 
     def _runner(self, cache):
-        """Lesson 06's model runner (CUDA graphs on a GPU, the fused sampler), or None: lesson 05's."""
-        if self.enforce_eager:
+        """Lesson 06's model runner (CUDA graphs on a GPU, the fused sampler, launching ahead), or None:
+        lesson 05's."""
+        if self.enforce_eager and not self.async_scheduling:
             return None
         from nanoserve.engine.cuda_graphs import GraphModelRunner
         from nanoserve.engine.fused_sampler import FusedSampler
+        from nanoserve.engine.overlap import OverlappedModelRunner
 
         args, device = self._engine_args, cache.k_cache.device
-        return GraphModelRunner(self.model, cache, args["max_num_seqs"], args["max_num_batched_tokens"],
-                                self.max_model_len, FusedSampler(args["max_num_seqs"], device, compiled=self.fused_ops),
-                                cuda_graphs=device.type == "cuda")
+        runner_cls = OverlappedModelRunner if self.async_scheduling else GraphModelRunner
+        sampler = FusedSampler(args["max_num_seqs"], device, compiled=self.fused_ops and not self.enforce_eager)
+        return runner_cls(self.model, cache, args["max_num_seqs"], args["max_num_batched_tokens"], self.max_model_len,
+                          sampler, cuda_graphs=device.type == "cuda" and not self.enforce_eager)
 
     @property
     def cache(self):

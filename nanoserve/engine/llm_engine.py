@@ -98,10 +98,16 @@ class LLMEngine:
 
     def step(self) -> list[tuple[Sequence, int | None]]:
         """Run one step; returns (sequence, new token or None) for every sequence that computed."""
-        batch = self.scheduler.schedule()  # takes the step's KV space: the only allocation
+        return self.run_scheduled(self.scheduler.schedule())  # schedule() takes the step's KV space: the only allocation
+
+    def run_scheduled(self, batch: ScheduledBatch) -> list[tuple[Sequence, int | None]]:
         if not batch.seqs:
             raise RuntimeError("nothing could be scheduled: the KV pool is too small for the next request")
         tokens, logprobs = self.runner.run(batch)
+        return self.process(batch, tokens, logprobs)
+
+    def process(self, batch: ScheduledBatch, tokens: list[int | None], logprobs: list) -> list[tuple[Sequence, int | None]]:
+        """Bring every sequence of a computed step up to date: its K/V, its new token, finished or not."""
         for seq, n, token, lp in zip(batch.seqs, batch.num_new, tokens, logprobs):
             seq.num_computed += n
             self.cache.commit(seq.seq_id, seq.token_ids, seq.num_computed)  # its K/V are written: shareable now

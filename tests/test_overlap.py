@@ -1,0 +1,79 @@
+"""Lesson 06's overlapped steps (async_scheduling): the next decode step is launched before this one's
+tokens are read. On a CPU nothing overlaps, but every line of the logic runs: same tokens, and a step
+that fails at any point leaves nothing launched ahead and the pool consistent."""
+import dataclasses
+import random
+
+import pytest
+
+from nanoserve import LLM, SamplingParams
+
+rng = random.Random(0)
+PROMPTS = [[rng.randrange(5000) for _ in range(rng.randint(1, 60))] for _ in range(16)]
+PARAMS = [SamplingParams(temperature=[0, 0.8, 0.7, 1.0][i % 4], top_k=20 if i % 4 == 2 else 0,
+                         top_p=0.9 if i % 4 == 3 else 1.0, seed=i, max_tokens=rng.randint(1, 30),
+                         ignore_eos=i % 5 != 0, n=2 if i == 4 else 1, logprobs=3 if i == 9 else None,
+                         stop=["a"] if i == 7 else None)
+          for i in range(16)]
+
+
+def run(**kw):
+    llm = LLM("tiny-qwen3", max_model_len=256, **kw)
+    outputs = llm.generate(PROMPTS, PARAMS, use_tqdm=False)
+    return [[(c.token_ids, c.finish_reason, c.text) for c in o.outputs] for o in outputs], llm
+
+
+@pytest.fixture(scope="module")
+def reference():
+    return run(num_gpu_blocks_override=512)[0]
+
+
+@pytest.mark.parametrize("kw", [dict(num_gpu_blocks_override=512),
+                                dict(num_gpu_blocks_override=24, max_num_seqs=12, max_num_batched_tokens=32),
+                                dict(num_gpu_blocks_override=512, max_num_seqs=5)],
+                         ids=["roomy", "preempting and chunked", "few seats"])
+def test_overlapped_steps_give_the_eager_engines_tokens(reference, kw):
+    got, llm = run(async_scheduling=True, **kw)
+    engine = llm.engine
+    assert type(engine).__name__ == "OverlappedLLMEngine" and engine.steps_ahead > 0
+    assert got == reference
+    bm = llm.cache.block_manager
+    assert engine.ahead is None and not bm.block_tables and bm.num_free == bm.num_blocks
+
+
+class Boom(Exception):
+    pass
+
+
+PLAIN = [dataclasses.replace(p, logprobs=None) for p in PARAMS]  # steps with log-probs are not launched ahead
+
+
+def outputs(llm, params):
+    return [[(c.token_ids, c.finish_reason, c.text) for c in o.outputs] for o in llm.generate(PROMPTS, params, use_tqdm=False)]
+
+
+@pytest.mark.parametrize("exc", [Boom, KeyboardInterrupt])
+@pytest.mark.parametrize("where", ["build", "attend", "collect"])
+def test_a_failure_in_any_phase_drops_what_was_launched_ahead(where, exc):
+    llm = LLM("tiny-qwen3", max_model_len=256, num_gpu_blocks_override=512, async_scheduling=True)
+    engine = llm.engine
+    clean = outputs(llm, PLAIN)
+    assert engine.steps_ahead > 10
+    targets = {"build": engine.runner.builders, "attend": [llm.cache], "collect": [engine.runner]}[where]
+    for on_call in (1, 4, 10) if where == "collect" else (3, 9, 20):  # early and late, steps launched ahead
+        calls = {"n": 0}
+        for t in targets:
+            def failing(*args, _original=getattr(t, where), **kwargs):
+                calls["n"] += 1
+                if calls["n"] == on_call:
+                    raise exc()
+                return _original(*args, **kwargs)
+            setattr(t, where, failing)
+        with pytest.raises(exc):
+            outputs(llm, PLAIN)
+        for t in targets:
+            delattr(t, where)
+        bm = llm.cache.block_manager
+        assert engine.ahead is None and not engine.has_unfinished()
+        assert not bm.block_tables and bm.num_free == bm.num_blocks and not any(bm.ref_count)
+        assert outputs(llm, PLAIN) == clean
