@@ -21,6 +21,7 @@ import torch
 from nanoserve.cache.metadata import StepMetadata
 from nanoserve.engine.model_runner import ModelRunner
 from nanoserve.engine.sampler import Sampler
+from nanoserve.engine.sampling_params import SamplingParams
 from nanoserve.engine.scheduler import ScheduledBatch
 
 
@@ -55,18 +56,21 @@ class GraphModelRunner(ModelRunner):
 
     @torch.inference_mode()
     def warm_up(self) -> None:
-        """Run prefills of 1, 9 and 16 query tiles (64, 576, 1,024 tokens) through dummy sequences at
-        start-up. Triton compiles a kernel again for each new class of its integer arguments (1, a
-        multiple of 16, other), and torch.compile for each new class of shapes: on an H200 that was
-        2 s of the benchmark's first prefill steps. Better spent here, before any request waits."""
-        for i, n in enumerate((64, 576, 1024)):
+        """Compile at start-up what the first requests would otherwise wait for (on an H200, seconds of
+        the benchmark's first steps): Triton compiles a kernel again for each new class of its integer
+        arguments (1, a multiple of 16, other), so prefills of 1, 9 and 16 query tiles run through dummy
+        sequences; torch.compile compiles for one row and again for several, so the sampler samples both.
+        The lengths are odd on purpose: a size equal to a model dimension would be specialised on."""
+        for i, n in enumerate((61, 541, 1019)):
             n = min(n, self.max_model_len, self.builder.max_num_tokens)
             seq = (-1 - i, 0, [0] * n)  # negative ids: never a request's
             try:
                 self.cache.reserve(seq[0], seq[2])
-                self.forward(self.builder.build(self.cache, [seq]))
+                logits = self.forward(self.builder.build(self.cache, [seq]))
             finally:
                 self.cache.release(seq[0])
+        for rows in (1, 3):
+            self.sampler(logits.repeat(rows, 1), [SamplingParams(temperature=1.0)] * rows, [0] * rows, [0] * rows)
 
     def static_metadata(self, size: int) -> StepMetadata:
         """A decode step of `size` sequences over the builder's device buffers (their full width)."""
