@@ -22,26 +22,32 @@ def main():
     parser.add_argument("--prompt-len", type=int, default=64)
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 16])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--llm-args", default="{}", help="LLM keyword arguments, as JSON")
     args = parser.parse_args()
     path = resolve_model(MODEL)
     hf = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     result = {"model": MODEL, "threads": torch.get_num_threads(), "torch": torch.__version__,
               "transformers": transformers.__version__}
-    llm = LLM(MODEL, device="cpu", max_num_seqs=64)
+    llm = LLM(MODEL, device="cpu", max_num_seqs=64, **json.loads(args.llm_args))
     gen = torch.Generator().manual_seed(0)
     for batch in args.batches:
         ids = torch.randint(100, 10000, (batch, args.prompt_len), generator=gen)
         sp = SamplingParams(temperature=0, max_tokens=args.new_tokens, ignore_eos=True)
         llm.generate(ids[:, :8].tolist(), SamplingParams(max_tokens=4), use_tqdm=False)  # warm-up
-        start = time.perf_counter()
-        outs = llm.generate(ids.tolist(), sp, use_tqdm=False)
-        ours = time.perf_counter() - start
         with torch.inference_mode():
             hf.generate(ids[:, :8], max_new_tokens=4, do_sample=False, pad_token_id=0)  # warm-up
+        ours = theirs = float("inf")
+        for _ in range(args.repeats):  # taking turns, best of each: a busy moment of the machine hits both
             start = time.perf_counter()
-            theirs_ids = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=args.new_tokens,
-                                     min_new_tokens=args.new_tokens, do_sample=False, pad_token_id=0, eos_token_id=None)
-            theirs = time.perf_counter() - start
+            outs = llm.generate(ids.tolist(), sp, use_tqdm=False)
+            ours = min(ours, time.perf_counter() - start)
+            with torch.inference_mode():
+                start = time.perf_counter()
+                theirs_ids = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=args.new_tokens,
+                                         min_new_tokens=args.new_tokens, do_sample=False, pad_token_id=0,
+                                         eos_token_id=None)
+                theirs = min(theirs, time.perf_counter() - start)
         same = sum(o.outputs[0].token_ids == t[args.prompt_len:].tolist() for o, t in zip(outs, theirs_ids))
         tokens = batch * args.new_tokens
         result[f"batch{batch}"] = {"nanoserve_tok_per_s": tokens / ours, "transformers_tok_per_s": tokens / theirs,

@@ -19,10 +19,13 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     slots 0..lengths[b]-1 (the new token's own key included); returns [B, num_heads, head_dim].
     """
     B, num_heads, head_dim = q.shape
-    group = num_heads // k_cache.shape[2]
-    k = k_cache.repeat_interleave(group, dim=2).float()
-    v = v_cache.repeat_interleave(group, dim=2).float()
-    scores = torch.einsum("bhd,blhd->bhl", q.float(), k) * head_dim**-0.5
+    kv_heads = k_cache.shape[2]
+    # Query heads h = j * group + g share kv head j: viewed as [B, kv_heads, group, head_dim], each kv
+    # head serves its whole group at once, without copying K/V group times (repeat_interleave would).
+    grouped = q.float().view(B, kv_heads, num_heads // kv_heads, head_dim)
+    # [B, kv_heads, L, head_dim], each row of head_dim contiguous: the matmuls read it as it lies
+    k, v = k_cache.transpose(1, 2).contiguous().float(), v_cache.transpose(1, 2).contiguous().float()
+    scores = grouped @ k.transpose(2, 3) * head_dim**-0.5  # [B, kv_heads, group, L]
     filled = torch.arange(k_cache.shape[1], device=q.device)[None, :] < lengths[:, None]  # [B, L]
-    scores = scores.masked_fill(~filled[:, None, :], float("-inf"))
-    return torch.einsum("bhl,blhd->bhd", scores.softmax(dim=-1), v).to(q.dtype)
+    scores = scores.masked_fill(~filled[:, None, None, :], float("-inf"))
+    return (scores.softmax(dim=-1) @ v).view(B, num_heads, head_dim).to(q.dtype)

@@ -39,7 +39,9 @@ def paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scal
     # gather_kv for the whole batch in one indexing op: [B, blocks, block_size, ...] -> [B, tokens, ...].
     # A -1 (no block) reads block 0; those slots lie past the row's length, and lesson 02 masks them.
     blocks = block_tables[:, : -(-longest // k_cache.shape[1])].clamp(min=0).long()
-    k, v = k_cache[blocks].flatten(1, 2), v_cache[blocks].flatten(1, 2)
+    shape = (len(blocks), -1, *k_cache.shape[2:])  # [B, blocks * block_size, kv_heads, head_dim]
+    k = k_cache.index_select(0, blocks.flatten()).view(shape)  # index_select: a plain copy of whole blocks
+    v = v_cache.index_select(0, blocks.flatten()).view(shape)
     return decode_attention(_rescaled(q, scale), k, v, context_lens).to(q.dtype)
 
 
