@@ -37,6 +37,8 @@ def test_untouched_stub_fails_its_check(name):
     for cell in generated_lesson("06_cuda_graphs")["cells"]:
         source = "".join(cell["source"])
         if cell["cell_type"] == "code" and source.startswith("#| export"):
+            if source.startswith("#| export engine.overlap"):
+                break  # section 9 imports the engine's GraphModelRunner over the lesson's own (its exercises come before)
             exec(compile(source, "lesson06", "exec"), ns)
     number = name.split()[0]
     if number == "6.4":  # isolate the pad stub: the ladder (6.3) solved

@@ -52,8 +52,8 @@ def outputs(llm, params):
     return [[(c.token_ids, c.finish_reason, c.text) for c in o.outputs] for o in llm.generate(PROMPTS, params, use_tqdm=False)]
 
 
-@pytest.mark.parametrize("exc", [Boom, KeyboardInterrupt])
-@pytest.mark.parametrize("where", ["build", "attend", "collect"])
+@pytest.mark.parametrize("where, exc", [("build", Boom), ("attend", KeyboardInterrupt), ("collect", Boom),
+                                        ("collect", KeyboardInterrupt)])
 def test_a_failure_in_any_phase_drops_what_was_launched_ahead(where, exc):
     llm = LLM("tiny-qwen3", max_model_len=256, num_gpu_blocks_override=512, async_scheduling=True)
     engine = llm.engine
