@@ -161,7 +161,8 @@ def profile_steps(engine, num_steps: int) -> dict:
 
     The engine's own methods are wrapped with timers meanwhile. On a GPU a synchronize after the forward
     (the model and its LM head, eager or a graph's replay) tells its launch (CPU) from its run (the wait);
-    "output processing" is the rest of the step."""
+    "output processing" is the rest of the step. With async scheduling the phases of two steps overlap
+    and these times blur: profile with async_scheduling=False (as `nanoserve bench --profile` does)."""
     sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
     spent = dict.fromkeys(PHASES, 0.0)
     runner = engine.runner
@@ -189,7 +190,10 @@ def profile_steps(engine, num_steps: int) -> dict:
     with contextlib.ExitStack() as stack:
         stack.enter_context(replaced(engine.scheduler, "schedule", timed("schedule", engine.scheduler.schedule)))
         stack.enter_context(replaced(runner.builder, "build", timed("build metadata", runner.builder.build)))
-        stack.enter_context(replaced(runner, "sampler", timed("sample", runner.sampler)))
+        if hasattr(runner.sampler, "launch"):  # lesson 06's sampler: launch() queues, __call__ also reads
+            stack.enter_context(replaced(runner.sampler, "launch", timed("sample", runner.sampler.launch)))
+        else:
+            stack.enter_context(replaced(runner, "sampler", timed("sample", runner.sampler)))
         stack.enter_context(replaced(runner, "forward", on_the_gpu(runner.forward)))  # eager or a graph replay
         sync()
         start = time.perf_counter()

@@ -17,3 +17,11 @@ def test_profile_accounts_for_the_whole_step_and_leaves_the_engine_as_it_was():
     assert isinstance(engine.runner.sampler, Sampler)
     assert not engine.has_unfinished() and not llm.cache.block_manager.block_tables
     assert len(llm.generate([[1, 2, 3]], use_tqdm=False)[0].outputs[0].token_ids) == 16
+
+
+def test_profile_runs_on_lesson_06s_engine_and_removes_its_timers():
+    llm = LLM("tiny-qwen3", max_model_len=128, num_gpu_blocks_override=64, async_scheduling=True)
+    found = profile_decode(llm, [[1, 2, 3], [4, 5]], num_steps=3)
+    assert found["ms_per_step"]["sample"] > 0
+    assert "launch" not in vars(llm.engine.runner.sampler) and "forward" not in vars(llm.engine.runner)
+    assert len(llm.generate([[1, 2, 3]], use_tqdm=False)[0].outputs[0].token_ids) == 16
