@@ -193,7 +193,7 @@ def worker(path: Path, out: Path) -> int:
 # ------------------------------------------------------------------ the driver: every lesson, a table
 
 def find_lessons(folder: Path, wanted: list[str]) -> list[Path]:
-    notebooks = sorted(p for p in folder.glob("[0-9][0-9]_*.ipynb"))
+    notebooks = sorted(p.resolve() for p in folder.glob("[0-9][0-9]_*.ipynb"))  # the worker runs in their folder
     if not wanted:
         return notebooks
     chosen = []
