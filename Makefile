@@ -1,9 +1,10 @@
-# The three commands of the README: `make setup`, `nanoserve generate ...`, `make test`.
+# The four commands of the README: `make setup`, `nanoserve generate ...`, `make test`, `make check`.
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
+LESSONS ?= lessons
 
-.PHONY: setup test export check-export lab
+.PHONY: setup test check export check-export lab
 
 setup:  ## a virtual environment with everything: engine, JupyterLab, kernel, offline models
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -16,6 +17,9 @@ setup:  ## a virtual environment with everything: engine, JupyterLab, kernel, of
 
 test:  ## unit tests, every solution notebook top to bottom (nbval), export sync checks
 	$(BIN)/python -m pytest
+
+check:  ## each lesson's exercise checks on your code in lessons/ (LESSON=03: one lesson; LESSONS=DIR: other notebooks)
+	$(BIN)/python tools/check_lessons.py --lessons-dir $(LESSONS) $(LESSON)
 
 export:  ## regenerate nanoserve/ and lessons/ from solutions/
 	$(BIN)/python tools/export.py

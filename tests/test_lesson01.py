@@ -1,4 +1,5 @@
 """Lesson 01's checks, run on the engine's code; and proof that the lesson's untouched stubs fail them."""
+import functools
 
 import pytest
 from lesson_source import generated_lesson
@@ -14,16 +15,8 @@ from nanoserve.model.qwen3 import rope_cos_sin
 
 
 def exercises(ns):
-    """(check, what it is given) for every exercise; ns maps names to the implementation under test."""
-    backend = ns["NoCache"]()
-    return {
-        "1.1 rms_norm": lambda: checks.check_rms_norm(ns["rms_norm"]),
-        "1.2 apply_rope": lambda: checks.check_apply_rope(ns["apply_rope"]),
-        "1.3 causal_attention": lambda: checks.check_causal_attention(ns["causal_attention"]),
-        "1.4 MLP": lambda: checks.check_mlp(ns["MLP"]),
-        "1.5 DecoderLayer": lambda: checks.check_decoder_layer(ns["DecoderLayer"], backend),
-        "1.6 model": lambda: checks.check_model(ns["Qwen3ForCausalLM"], backend),
-    }
+    """Name -> the check run on ns's implementation (the table: checks.EXERCISES, shared with `make check`)."""
+    return {name: functools.partial(check, ns) for name, check in checks.EXERCISES.items()}
 
 
 PACKAGE = {**vars(model), **vars(attention), **vars(no_cache)}

@@ -1,5 +1,6 @@
 """Lesson 06: fused ops, the packed model, CUDA-graph bookkeeping, the fused sampler. Checks on the engine,
 stubs that fail, and the pieces that run on a CPU (the graphs themselves need a GPU: bench/gpu_lesson06.py)."""
+import functools
 import pytest
 import torch
 from lesson_source import generated_lesson
@@ -15,12 +16,8 @@ from nanoserve.model.qwen3_fused import FusedQwen3ForCausalLM
 
 
 def exercises(ns):
-    return {
-        "6.1 add_rms_norm": lambda: checks.check_add_rms_norm(ns["add_rms_norm"]),
-        "6.2 checkpoint_tensors": lambda: checks.check_checkpoint_tensors(ns["FusedQwen3ForCausalLM"]),
-        "6.3 graph_sizes": lambda: checks.check_graph_sizes(ns["graph_sizes"], ns["padded_size"]),
-        "6.4 pad": lambda: checks.check_pad(ns["GraphModelRunner"]),
-    }
+    """Name -> the check run on ns's implementation (the table: checks.EXERCISES, shared with `make check`)."""
+    return {name: functools.partial(check, ns) for name, check in checks.EXERCISES.items()}
 
 
 ENGINE = {**vars(fused), "FusedQwen3ForCausalLM": FusedQwen3ForCausalLM, **vars(cuda_graphs)}

@@ -198,3 +198,15 @@ def check_greedy_tokens(generate_fn, model_cls=None, steps: int = 32) -> None:
             raise AssertionError(f"greedy tokens ({name}) differ from transformers at step {first}: "
                                  f"got {got[first:first + 5]}, want {want[first:first + 5]} (lengths {len(got)}, {len(want)})")
     print(f"✓ {steps} greedy tokens identical to transformers (Qwen3 and Llama)")
+
+
+# Every exercise of the lesson: its name -> the check, run on the implementation found in a namespace `ns`
+# (the engine's modules in tests/, the learner's notebook cells in `make check`, tools/check_lessons.py).
+EXERCISES = {
+    "1.1 rms_norm": lambda ns: check_rms_norm(ns["rms_norm"]),
+    "1.2 apply_rope": lambda ns: check_apply_rope(ns["apply_rope"]),
+    "1.3 causal_attention": lambda ns: check_causal_attention(ns["causal_attention"]),
+    "1.4 MLP": lambda ns: check_mlp(ns["MLP"]),
+    "1.5 DecoderLayer": lambda ns: check_decoder_layer(ns["DecoderLayer"], ns["NoCache"]()),
+    "1.6 model": lambda ns: check_model(ns["Qwen3ForCausalLM"], ns["NoCache"]()),
+}

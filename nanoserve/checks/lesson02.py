@@ -69,3 +69,12 @@ def check_generate(generate) -> None:
             raise AssertionError(f"finish reasons {[c.finish_reason for c in completions]}, expected 'length'")
     print("✓ greedy tokens with the cache equal the naive forward's (alone and batched); "
           "each forward carried the prompts once, then 1 token per running request")
+
+
+# Every exercise of the lesson: its name -> the check, run on the implementation found in a namespace `ns`
+# (the engine's modules in tests/, the learner's notebook cells in `make check`, tools/check_lessons.py).
+EXERCISES = {
+    "2.1 store_kv": lambda ns: check_store_kv(ns["store_kv"]),
+    "2.2 decode_attention": lambda ns: check_decode_attention(ns["decode_attention"]),
+    "2.3 generate": lambda ns: check_generate(ns["generate"]),
+}

@@ -191,3 +191,14 @@ def check_triton_prefill(paged_prefill_attention) -> None:
     want = reference.paged_prefill_attention(q, k_cache, v_cache, cu, lens, tables)
     _close("Triton prefill", paged_prefill_attention(q, k_cache, v_cache, cu, lens, tables).float(), want.float(), atol)
     print(f"✓ Triton prefill kernel matches the torch paged attention ({device}, {str(dtype)[6:]}), cached prefixes included")
+
+
+# Every exercise of the lesson: its name -> the check, run on the implementation found in a namespace `ns`
+# (the engine's modules in tests/, the learner's notebook cells in `make check`, tools/check_lessons.py).
+EXERCISES = {
+    "3.1 block manager": lambda ns: check_block_manager(ns["BlockManager"]),
+    "3.2 slot mapping": lambda ns: check_slot_mapping(ns["BlockManager"]),
+    "3.3 gather_kv": lambda ns: check_gather_kv(ns["gather_kv"]),
+    # On a CPU the kernel runs only in Triton's interpreter, switched on before triton is first imported.
+    "3.4 Triton decode": lambda ns: check_triton_decode(ns["paged_decode_attention"]),
+}

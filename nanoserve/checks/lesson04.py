@@ -180,3 +180,12 @@ def check_prefix_generate(cache_cls) -> None:
                                  f"no fewer than without ({plain_computed})")
     print("✓ prefix caching: identical greedy outputs (shared system prompt, duplicates, multi-turn, eviction), "
           "fewer prompt tokens computed")
+
+
+# Every exercise of the lesson: its name -> the check, run on the implementation found in a namespace `ns`
+# (the engine's modules in tests/, the learner's notebook cells in `make check`, tools/check_lessons.py).
+EXERCISES = {
+    "4.1 prefix_hashes": lambda ns: check_prefix_hashes(ns["prefix_hashes"]),
+    "4.2 lookup on allocate": lambda ns: check_prefix_manager(ns["PrefixCachingBlockManager"]),
+    "4.3 reference-counted free": lambda ns: check_prefix_manager(ns["PrefixCachingBlockManager"]),
+}

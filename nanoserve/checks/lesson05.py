@@ -124,3 +124,12 @@ def check_batch_invariance(engine_cls) -> None:
             raise AssertionError("blocks leaked: not every block is back in the pool after all requests finished")
     print(f"✓ 32 requests give the same tokens alone and batched, with {preemptions} preemptions and {chunks} "
           f"prefill chunks, with and without prefix caching; no block leaked")
+
+
+# Every exercise of the lesson: its name -> the check, run on the implementation found in a namespace `ns`
+# (the engine's modules in tests/, the learner's notebook cells in `make check`, tools/check_lessons.py).
+EXERCISES = {
+    "5.1 admission": lambda ns: check_scheduler(ns["Scheduler"]),
+    "5.2 preemption": lambda ns: check_scheduler(ns["Scheduler"]),
+    "5.3 prepare_inputs": lambda ns: check_prepare_inputs(ns["prepare_inputs"]),
+}

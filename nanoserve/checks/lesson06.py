@@ -163,3 +163,13 @@ def workload_roofline(bandwidth: float = 4.3e12) -> dict:
     return {"kv_bytes": kv_read, "weight_bytes": weight_read, "bytes": kv_read + weight_read, "seconds": seconds,
             "output_tokens": sum(max_tokens), "tok_per_s": sum(max_tokens) / seconds, "bandwidth": bandwidth,
             "weight_bytes_per_step": weight_bytes}
+
+
+# Every exercise of the lesson: its name -> the check, run on the implementation found in a namespace `ns`
+# (the engine's modules in tests/, the learner's notebook cells in `make check`, tools/check_lessons.py).
+EXERCISES = {
+    "6.1 add_rms_norm": lambda ns: check_add_rms_norm(ns["add_rms_norm"]),
+    "6.2 checkpoint_tensors": lambda ns: check_checkpoint_tensors(ns["FusedQwen3ForCausalLM"]),
+    "6.3 graph_sizes": lambda ns: check_graph_sizes(ns["graph_sizes"], ns["padded_size"]),
+    "6.4 pad": lambda ns: check_pad(ns["GraphModelRunner"]),
+}
