@@ -1,10 +1,10 @@
-# The four commands of the README: `make setup`, `nanoserve generate ...`, `make test`, `make check`.
+# The commands of the README: `make setup`, `nanoserve generate ...`, `make test`, `make check`, `make mine`.
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 LESSONS ?= lessons
 
-.PHONY: setup test check export check-export lab
+.PHONY: setup test check mine export check-export lab
 
 setup:  ## a virtual environment with everything: engine, JupyterLab, kernel, offline models
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -20,6 +20,9 @@ test:  ## unit tests, every solution notebook top to bottom (nbval), export sync
 
 check:  ## each lesson's exercise checks on your code in lessons/ (LESSON=03: one lesson; LESSONS=DIR: other notebooks)
 	$(BIN)/python tools/check_lessons.py --lessons-dir $(LESSONS) $(LESSON)
+
+mine:  ## your own engine in build/mine/ from lessons/ (reference modules where exercises are left); run it with PYTHONPATH=build/mine
+	$(BIN)/python tools/build_mine.py --lessons-dir $(LESSONS) --out build/mine
 
 export:  ## regenerate nanoserve/ and lessons/ from solutions/
 	$(BIN)/python tools/export.py

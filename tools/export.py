@@ -169,6 +169,11 @@ def _lesson(nb, src):
     return text if text.endswith("\n") else text + "\n"
 
 
+def module_text(src, chunks, header=HEADER):
+    """A module file: the header naming its notebook, then the notebook's chunks two blank lines apart."""
+    return header.format(src=src) + "\n" + "\n\n\n".join(chunks) + "\n"
+
+
 def generate(root):
     """Every generated file's text, keyed by path relative to root."""
     root = Path(root)
@@ -181,7 +186,7 @@ def generate(root):
                 raise ExportError(f"module {name} is exported by both {fed_by[name]} and {src}; "
                                   "a module has exactly one source notebook")
             fed_by[name] = src
-            out[module_path(name)] = HEADER.format(src=src) + "\n" + "\n\n\n".join(chunks) + "\n"
+            out[module_path(name)] = module_text(src, chunks)
         out[Path("lessons", nb_path.name)] = _lesson(nb, src)
     return out
 
