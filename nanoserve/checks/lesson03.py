@@ -193,6 +193,43 @@ def check_triton_prefill(paged_prefill_attention) -> None:
     print(f"✓ Triton prefill kernel matches the torch paged attention ({device}, {str(dtype)[6:]}), cached prefixes included")
 
 
+NO_TRITON = ("Triton is not installed here (it ships for Linux): this section's kernels are skipped; the torch "
+             "path above is what your CPU runs. On a Linux machine `pip install triton` (a CUDA build of PyTorch "
+             "brings it) runs them, in Triton's interpreter where there is no GPU, and exercise 3.4 with them.")
+TRITON_MODULE = "#| export kernels.triton_paged"  # first line of the cells that define the kernels
+NEEDS_TRITON = "# needs Triton"  # a line of each other cell that runs them (the checks)
+
+
+def needs_triton(lines: list[str]) -> bool:
+    """Whether a cell (its lines) defines or runs the Triton kernels."""
+    return bool(lines) and lines[0].rstrip() == TRITON_MODULE or any(line.strip() == NEEDS_TRITON for line in lines)
+
+
+def _skip_if_needs_triton(lines: list[str]) -> list[str]:
+    """An IPython input transformer: a cell that needs Triton becomes one that says it was skipped."""
+    return ['print("skipped: this cell needs Triton (see above)")\n'] if needs_triton(lines) else lines
+
+
+def have_triton() -> bool:
+    """True where triton can be imported. Where it cannot (macOS, Windows), print why, and have this notebook
+    skip each later cell that defines or runs the kernels: IPython hands every cell's code to an input
+    transformer before running it, and ours replaces such a cell's code by a print. The cells themselves, and
+    the module they export, stay exactly what they are on Linux."""
+    import importlib.util
+
+    from IPython import get_ipython
+
+    shell = get_ipython()
+    if shell is not None:  # running the cell again must not stack a second transformer
+        shell.input_transformers_post[:] = [t for t in shell.input_transformers_post if t is not _skip_if_needs_triton]
+    if importlib.util.find_spec("triton") is not None:
+        return True
+    print(NO_TRITON)
+    if shell is not None:
+        shell.input_transformers_post.append(_skip_if_needs_triton)
+    return False
+
+
 # Every exercise of the lesson: its name -> the check, run on the implementation found in a namespace `ns`
 # (the engine's modules in tests/, the learner's notebook cells in `make check`, tools/check_lessons.py).
 EXERCISES = {

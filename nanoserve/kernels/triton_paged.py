@@ -90,6 +90,19 @@ def store_kv(k_cache, v_cache, slot_mapping, k, v):
                            ROW=row, ROW_POW2=triton.next_power_of_2(row))
 
 
+@triton.jit
+def _online_softmax_step(m, l, s):
+    """One tile of the online softmax, in log2 units. m, l [rows]: the running max and sum of exp2(score - m);
+    s [rows, cols]: the tile's scores (-inf where masked). Returns the new max m_new and sum l, the factor
+    alpha = exp2(m - m_new) that rescales what was summed so far, and p = exp2(s - m_new), the tile's weights.
+    Each row needs a finite score in its first tile: then alpha = exp2(-inf) = 0 there, not NaN."""
+    m_new = tl.maximum(m, tl.max(s, axis=1))
+    alpha = tl.exp2(m - m_new)
+    p = tl.exp2(s - m_new[:, None])
+    l = l * alpha + tl.sum(p, axis=1)
+    return m_new, l, alpha, p
+
+
 # ---------------------------------------------------------------------------------- decode
 #
 # Flash-decoding. A decode step has one query per sequence, so attention is a matrix-vector product:
@@ -144,10 +157,8 @@ def _decode_kernel(q, k_cache, v_cache, block_tables, context_lens, out, part_ac
         s = tl.where(valid[None, :], s * qk_scale, float("-inf"))  # [GROUP_PAD, BLOCK_N]
 
         # online softmax: rescale what we summed so far to the new max, then add this tile
-        m_new = tl.maximum(m, tl.max(s, axis=1))
-        alpha = tl.exp2(m - m_new)  # the first tile: exp2(-inf) = 0 (every tile has a valid token)
-        p = tl.exp2(s - m_new[:, None])
-        l = l * alpha + tl.sum(p, axis=1)
+        # (every tile has a valid token, so each row's m is finite from the first tile on)
+        m_new, l, alpha, p = _online_softmax_step(m, l, s)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
         m = m_new
 
@@ -309,10 +320,7 @@ def _prefill_kernel(q, k_cache, v_cache, cu_seqlens_q, context_lens, block_table
         # causal mask; it also hides keys >= kv_end for every real row (their q_pos < kv_end)
         s = tl.where(keys[None, :] <= q_pos[:, None], s, float("-inf"))
         # key 0 is in the first tile and every row sees it, so m is finite from the first tile on
-        m_new = tl.maximum(m, tl.max(s, axis=1))
-        alpha = tl.exp2(m - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l = l * alpha + tl.sum(p, axis=1)
+        m_new, l, alpha, p = _online_softmax_step(m, l, s)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
         m = m_new
 
