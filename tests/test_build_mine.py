@@ -124,15 +124,21 @@ def test_the_build_generates_the_reference_greedy_tokens(builds, reference_token
     assert greedy(builds[kind][0], tmp_path) == reference_tokens
 
 
-def test_a_stub_that_does_not_compile_or_a_missing_lesson_falls_back(lessons, tmp_path):
-    broken = tmp_path / "lessons"
-    shutil.copytree(lessons["solved"], broken)
-    (broken / "06_cuda_graphs.ipynb").unlink()
-    path = next(broken.glob("02_*.ipynb"))
+def edited_copy(solved, tmp_path, lesson: str, exercise: str, old: str, new: str):
+    """A copy of the solved lessons in which exercise `exercise`'s cell of lesson `lesson` has old -> new."""
+    copy = tmp_path / "lessons"
+    shutil.copytree(solved, copy)
+    path = next(copy.glob(f"{lesson}_*.ipynb"))
     nb = nbformat.read(path, as_version=4)
-    cell = next(c for c in nb.cells if c.cell_type == "code" and "### BEGIN SOLUTION Exercise 2.1" in c.source)
-    cell.source = cell.source.replace("### END SOLUTION", "### END SOLUTION\n    def (", 1)
+    cell = next(c for c in nb.cells if c.cell_type == "code" and f"### BEGIN SOLUTION Exercise {exercise}" in c.source)
+    cell.source = cell.source.replace(old, new, 1)
     nbformat.write(nb, path)
+    return copy
+
+
+def test_a_stub_that_does_not_compile_or_a_missing_lesson_falls_back(lessons, tmp_path):
+    broken = edited_copy(lessons["solved"], tmp_path, "02", "2.1", "### END SOLUTION", "### END SOLUTION\n    def (")
+    (broken / "06_cuda_graphs.ipynb").unlink()
     rows = dict(build_mine.build(broken, tmp_path / "out"))
     assert rows["kernels.contiguous"].startswith("reference (lesson 02: your code does not compile: line ")
     assert rows["model.qwen3_fused"] == "reference (lesson 06: no 06_cuda_graphs.ipynb in " + str(broken) + ")"
@@ -142,13 +148,8 @@ def test_a_stub_that_does_not_compile_or_a_missing_lesson_falls_back(lessons, tm
 
 def test_the_learners_code_is_what_runs(lessons, reference_tokens, tmp_path):
     """A wrong answer in a solved lesson changes the build's tokens: the build runs the lesson's code."""
-    wrong = tmp_path / "lessons"
-    shutil.copytree(lessons["solved"], wrong)
-    path = next(wrong.glob("01_*.ipynb"))
-    nb = nbformat.read(path, as_version=4)
-    cell = next(c for c in nb.cells if c.cell_type == "code" and "### BEGIN SOLUTION Exercise 1.1" in c.source)
-    cell.source = cell.source.replace("return weight * x32.to(x.dtype)", "return -weight * x32.to(x.dtype)", 1)
-    nbformat.write(nb, path)
+    wrong = edited_copy(lessons["solved"], tmp_path, "01", "1.1", "return weight * x32.to(x.dtype)",
+                        "return -weight * x32.to(x.dtype)")
     rows = dict(build_mine.build(wrong, tmp_path / "out"))
     assert rows["model.qwen3"] == "yours (lesson 01)"  # solved, but not the reference's code
     assert greedy(tmp_path / "out", tmp_path)["fused_ops=False"] != reference_tokens["fused_ops=False"]

@@ -62,7 +62,7 @@ class OverlappedModelRunner(GraphModelRunner):
             self.pad(n, size)
         meta = self.builder.build(self.cache, step)
         if feed is not None:  # the GPU copies them in its queue, after feed's sampler has run
-            host_rows[:n] = torch.tensor(rows)
+            host_rows.numpy()[:n] = rows
             index = host_rows[:n].to(meta.input_ids.device, non_blocking=True)
             meta.input_ids.copy_(feed.tokens.index_select(0, index))
         logits = self.forward(meta)
