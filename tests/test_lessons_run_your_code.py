@@ -43,6 +43,9 @@ def test_pristine_lesson_checks_and_payoffs_fail(name, tmp_path):
     assert checks, "a lesson without checks"
     for cell in checks:
         assert errors[id(cell)], f"a check passed on the untouched stubs:\n{cell.source[:300]}"
+    pictures = [c for c in code if c.get("id", "").startswith("pic-")]  # the pictures drawn by the lesson's code
+    for cell in pictures:
+        assert errors[id(cell)], f"a picture was drawn with the untouched stubs:\n{cell.source[:300]}"
     for piece in PAYOFFS[name]:
         found = [c for c in code if piece in c.source and not c.source.startswith("#| export")]
         assert found, f"no cell holds {piece!r}: update PAYOFFS"
