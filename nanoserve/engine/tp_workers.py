@@ -72,6 +72,9 @@ def join_group(store, rank: int, size: int, device: torch.device) -> None:
         dist.init_process_group("nccl", store=store, rank=rank, world_size=size, device_id=device)
     else:
         dist.init_process_group("gloo", store=store, rank=rank, world_size=size)
+        # The ranks share the CPU's cores: more threads than cores, and each rank's idle threads
+        # spin while another rank's need the core (a TP=2 step on 2 cores ran ~10x slower).
+        torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // size))
 
 
 def step_arrays(builder: StepMetadataBuilder, meta: StepMetadata) -> tuple[dict, tuple]:
@@ -247,7 +250,7 @@ class TPWorkers:
         threading.Thread(target=monitor, args=(self.procs, wake, self.failures, device.type == "cuda"),
                          daemon=True).start()
         self.closed = None  # why the group cannot run steps any more, once it cannot
-        self._finalizer = weakref.finalize(self, stop, self.procs, self.conns, self._wake)
+        self._finalizer = weakref.finalize(self, stop, self.procs, self.conns, self._wake, torch.get_num_threads())
         try:
             self.replies("hello")
             join_group(store, 0, size, self.device)
@@ -360,14 +363,14 @@ def monitor(procs: list, wake, failures: list, abort_on_death: bool) -> None:
         dist.distributed_c10d._abort_process_group()
 
 
-def stop(procs: list, conns: list, wake) -> None:
-    """Stop the workers (politely, then by force), then leave the process group."""
-    wake.send(None)  # the monitor returns: what follows is no death
-    for conn in conns:
+def stop(procs: list, conns: list, wake, num_threads: int) -> None:
+    """Stop the workers (politely, then by force), leave the process group, and give rank 0 back the
+    threads it had before (join_group shares them out on a CPU)."""
+    for conn in (wake, *conns):  # wake: the monitor returns, as the exits that follow are no deaths
         try:
             conn.send(("stop",))
         except OSError:
-            pass  # already gone
+            pass  # already gone (a monitor that saw a death has returned, and closed its end)
     deadline = time.monotonic() + 5
     for proc in procs:
         proc.join(max(0.0, deadline - time.monotonic()))
@@ -378,6 +381,7 @@ def stop(procs: list, conns: list, wake) -> None:
         conn.close()
     if dist.is_initialized():
         dist.destroy_process_group()
+    torch.set_num_threads(num_threads)
 
 
 class TPModelRunner(OverlappedModelRunner):
