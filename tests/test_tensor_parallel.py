@@ -37,12 +37,15 @@ ENGINE = dict(block_size=4, max_num_batched_tokens=32, num_gpu_blocks_override=4
               max_model_len=128, enable_prefix_caching=True)
 
 
+def tiny_config(**changes) -> dict:
+    # tiny-qwen3's, with a small vocabulary (fast to build and load): the special tokens lie outside it
+    return {**tiny_qwen3_config(), "vocab_size": 6000, "pad_token_id": None, "bos_token_id": None,
+            "eos_token_id": None, **changes}
+
+
 def build(dest: Path, llama: bool = False, **changes) -> Path:
     """A tiny random model (tiny-qwen3's init) with some config changes; llama: no q/k-norm, an untied head."""
-    # a small vocabulary (fast to build and load); the special tokens lie outside it
-    config = {**tiny_qwen3_config(), "vocab_size": 6000, "pad_token_id": None, "bos_token_id": None,
-              "eos_token_id": None, **changes}
-    _write_random_qwen3(dest, config, tiny_init)
+    _write_random_qwen3(dest, tiny_config(**changes), tiny_init)
     if llama:
         weights = {n: t for n, t in load_file(dest / "model.safetensors").items() if "_norm" not in n or "layernorm" in n}
         weights["lm_head.weight"] = torch.randn(weights["model.embed_tokens.weight"].shape,
@@ -185,6 +188,17 @@ def test_sliced_loader_reads_each_ranks_slices(models, name, size, monkeypatch):
             assert not joined[vocab:].any()  # padding
             joined = joined[:vocab]
         assert torch.equal(joined, t), n
+
+
+def test_sharded_checkpoint_loads_the_same_slices(models, tmp_path):
+    """qwen3-8b-random's sharded layout (model-0000k-of-0000n + index), on the tiny model: same slices."""
+    _write_random_qwen3(tmp_path, tiny_config(), tiny_init, shard_bytes=2**20)
+    index = json.loads((tmp_path / "model.safetensors.index.json").read_text())
+    assert len(set(index["weight_map"].values())) > 2 and not (tmp_path / "model.safetensors").exists()
+    for rank in range(2):
+        whole = load_tp_model(models["qwen3"], TPGroup(rank, 2), torch.float32, "cpu").state_dict()
+        sharded = load_tp_model(tmp_path, TPGroup(rank, 2), torch.float32, "cpu").state_dict()
+        assert whole.keys() == sharded.keys() and all(torch.equal(whole[k], sharded[k]) for k in whole)
 
 
 def test_uneven_splits_fail_clearly(models):
