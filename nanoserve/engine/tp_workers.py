@@ -40,7 +40,6 @@ import traceback
 import weakref
 from datetime import timedelta
 
-import numpy as np
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -122,6 +121,7 @@ class WorkerRunner(GraphModelRunner):
     def __init__(self, model, cache, max_num_seqs: int, max_num_batched_tokens: int, max_model_len: int):
         # no graphs yet: rank 0 says when to record them (after its warm-up) and for which sizes
         super().__init__(model, cache, max_num_seqs, max_num_batched_tokens, max_model_len, cuda_graphs=False)
+        self.copied = None  # an event: the last step's inputs have left the (pinned) host buffer
 
     def warm_up(self) -> None:
         """Nothing of its own: rank 0's warm-up steps arrive as ordinary steps."""
@@ -135,7 +135,10 @@ class WorkerRunner(GraphModelRunner):
         copy_blocks(self.cache, copies)
         n = len(arrays["context_lens"])
         size = padded_size(n, self.sizes) if scalars[0] else None  # scalars[0]: a decode step
+        if self.copied is not None:  # rank 0 may send a step before our GPU has copied the last one's inputs
+            self.copied.synchronize()
         meta = load_step(self.builder, arrays, scalars, pad=(lambda n: self.pad(n, size)) if size else None)
+        self.copied = record_event(meta.input_ids)
         if fed:  # this step's tokens were sampled on rank 0's device, one step ago
             dist.broadcast(meta.input_ids, src=0)
         self.forward(meta)  # its logits are rank 0's business
