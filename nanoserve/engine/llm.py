@@ -7,6 +7,7 @@ import json
 import time
 from collections import deque
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -216,9 +217,10 @@ class LLMSetup:
             kv_args = dict(block_size=pool["block_size"], dtype=weights.dtype, max_num_seqs=pool["max_num_seqs"],
                            max_model_len=self.max_model_len, gpu_memory_utilization=pool["gpu_memory_utilization"],
                            cpu_kv_cache_gib=pool["cpu_kv_cache_gib"])
-            num_blocks = pool["num_blocks"] or num_kv_blocks(self.model.config, device=weights.device, **kv_args)
+            measure = partial(num_kv_blocks, self.model.config, **kv_args)
+            num_blocks = pool["num_blocks"] or measure(device=weights.device)
             if self.workers is not None and not pool["num_blocks"]:  # every rank gets the pool the fullest one can hold
-                num_blocks = self.workers.fewest_kv_blocks(num_blocks, **kv_args)
+                num_blocks = self.workers.fewest_kv_blocks(num_blocks, measure)
             if num_blocks < 1:
                 raise ValueError("no memory left for the KV cache: lower max_model_len or raise gpu_memory_utilization")
             cache_cls = PrefixCachingKVCache if pool["prefix_caching"] else PagedKVCache

@@ -7,7 +7,7 @@ over torch.distributed: NCCL between GPUs (rank r on cuda:r), gloo on a CPU (eve
 
 The protocol: rank 0 talks to each worker over its own pipe (multiprocessing's Connection: pickled
 tuples). Rank 0 sends
-    ("kv", kv_args)                  how many KV blocks would fit on your device? -> reply ("kv", n)
+    ("kv", measure)                  how many KV blocks fit on your device? measure(device=...) says -> ("kv", n)
     ("build", num_blocks, runner_args)  allocate your KV pool (the same num_blocks on every rank)
     ("capture", sizes)               record your CUDA graphs, for these decode batch sizes
     ("step", arrays, scalars, fed, copies)  run one forward
@@ -173,15 +173,14 @@ def worker_main(rank: int, size: int, conn, port: int, path: str, dtype: torch.d
 
 
 def serve(conn, model, device: torch.device) -> None:
-    from nanoserve.engine.llm import num_kv_blocks
-
     runner = None
     while True:
         kind, *args = conn.recv()  # EOFError once rank 0 has closed its end
         if kind == "stop":
             return
         if kind == "kv":
-            conn.send(("kv", num_kv_blocks(model.config, device=device, **args[0])))
+            measure, = args
+            conn.send(("kv", measure(device=device)))
         elif kind == "build":
             num_blocks, runner_args = args
             dtype = model.lm_head.weight.dtype
@@ -294,9 +293,10 @@ class TPWorkers:
         """Rank 0's version of a lesson 03/04 KV cache class (its forks' copies reach the workers)."""
         return {PagedKVCache: TPPagedKVCache, PrefixCachingKVCache: TPPrefixCachingKVCache}[cache_cls]
 
-    def fewest_kv_blocks(self, own: int, **kv_args) -> int:
-        """How many KV blocks every rank can hold: the smallest number any rank has room for."""
-        self.send(("kv", kv_args))
+    def fewest_kv_blocks(self, own: int, measure) -> int:
+        """How many KV blocks every rank can hold: the smallest number any rank has room for. measure(device)
+        counts the blocks that fit on a device (every rank's blocks have the same size)."""
+        self.send(("kv", measure))
         return min([own] + [n for n, in self.replies("kv")])
 
     def runner(self, model, cache, max_num_seqs: int, max_num_batched_tokens: int, max_model_len: int,
