@@ -29,6 +29,9 @@ CUDA sync: it polls an event while watching the monitor, and aborts the process 
 died. Shutdown (llm.shutdown(), or a finalizer at garbage collection or interpreter exit) stops the
 workers, kills those that do not stop within seconds and destroys the process group, so another
 tensor-parallel LLM can start in the same process.
+
+`spawn` starts each worker as a fresh Python that imports the main script's module: a script that
+makes a tensor-parallel LLM must do so under `if __name__ == "__main__":` (as with vLLM).
 """
 import gc
 import multiprocessing.connection
@@ -362,7 +365,7 @@ def monitor(procs: list, wake, failures: list, abort_on_death: bool) -> None:
         proc.join()
         failures.append(f"tensor-parallel worker rank {sentinels[s]} ({proc.name}, pid {proc.pid}) died "
                         f"(exit code {proc.exitcode})")
-    if abort_on_death:  # NCCL: rank 0's kernels still wait for the dead rank; abort lets them end
+    if abort_on_death and dist.is_initialized():  # NCCL: rank 0's kernels wait for the dead rank; abort ends them
         dist.distributed_c10d._abort_process_group()
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from nanoserve.model.config import ModelConfig
-from nanoserve.model.loader import open_weights, weight_files
+from nanoserve.model.loader import IGNORED_SUFFIXES, open_weights, weight_files
 from nanoserve.model.qwen3_fused import FusedQwen3ForCausalLM
 from nanoserve.model.tp_layers import ParallelLMHead, RowParallelLinear, TPGroup, VocabParallelEmbedding, vocab_shard
 
@@ -105,6 +105,9 @@ def load_tp_model(path, group: TPGroup, dtype: torch.dtype, device, compiled: bo
     missing = sorted(expected - where.keys())
     if missing:
         raise ValueError(f"{path}: checkpoint lacks {len(missing)} tensors, e.g. {missing[:3]}")
+    unexpected = sorted(n for n in where if n not in slices and not n.endswith(IGNORED_SUFFIXES))
+    if unexpected:
+        raise ValueError(f"{path}: checkpoint has tensors this model does not use, e.g. {unexpected[:3]}")
     by_file: dict[Path, list[str]] = {}
     for name in sorted(expected):
         by_file.setdefault(where[name], []).append(name)
