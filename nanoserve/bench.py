@@ -78,10 +78,10 @@ def bench_batch1(llm, prompt_len: int = 128, max_tokens: int = 512) -> dict:
 
 def graph_replay_ceiling(llm, replays: int = 200) -> float | None:
     """Tokens/s of replaying the batch-1 graph alone (its last step's context): what a batch-1 step could
-    cost with no CPU work at all. None without graphs."""
+    cost with no CPU work at all. None without graphs, and with tensor parallelism."""
     runner = llm.engine.runner
-    if not getattr(runner, "graphs", None):
-        return None
+    if not getattr(runner, "graphs", None) or llm.workers is not None:
+        return None  # no graphs; or tensor-parallel ones, whose collectives wait for every rank to replay too
     runner.builder.d["slot_mapping"][:1].fill_(-1)  # replays must not write K/V anywhere
     graph = runner.graphs[1][0]
     torch.cuda.synchronize()

@@ -158,6 +158,10 @@ def worker_main(rank: int, size: int, conn, port: int, path: str, dtype: torch.d
     """A worker process's whole life: join the group, load its slice, then serve rank 0's commands."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is for rank 0, which then stops us
     threading.Thread(target=watch_parent, daemon=True).start()
+    if compiled:  # a daemon process may not start children: torch.compile compiles in this process
+        import torch._inductor.config
+
+        torch._inductor.config.compile_threads = 1
     try:
         device = device_of(device_type, rank)
         conn.send(("hello",))
