@@ -41,9 +41,10 @@ class TPGroup:
         """Every rank's x [rows, n] side by side along the last dimension: [rows, size * n], rank order."""
         if self.size == 1:
             return x
-        parts = [torch.empty_like(x) for _ in range(self.size)]
-        dist.all_gather(parts, x.contiguous())
-        return torch.cat(parts, dim=-1)
+        rows, n = x.shape
+        stacked = torch.empty(self.size * rows, n, dtype=x.dtype, device=x.device)  # rank r's x at rows r*rows..
+        dist.all_gather_into_tensor(stacked, x.contiguous())
+        return stacked.view(self.size, rows, n).permute(1, 0, 2).reshape(rows, self.size * n)
 
     def split(self, n: int, what: str) -> int:
         """This rank's share of n things (heads, features) that must split evenly."""
