@@ -51,8 +51,8 @@ def build_parser() -> argparse.ArgumentParser:
     gen = sub.add_parser("generate", help="print a completion of a prompt")
     gen.add_argument("prompt", help="the text to complete (with --chat: the user's message)")
     gen.add_argument("--model", default=None,
-                     help="a model directory, a hub id in the local HF cache, or one of tiny-qwen3, "
-                          "qwen3-0.6b-random, qwen3-8b-random, smollm2-135m-instruct (default: a cached Qwen3, else SmolLM2)")
+                     help="a model directory, a hub id in the local HF cache, or one of tiny-qwen3, qwen3-0.6b-random, "
+                          "qwen3-8b-random, smollm2-135m-instruct (default: a cached Qwen3, else SmolLM2)")
     gen.add_argument("--max-tokens", type=_positive_int, default=64, help="most tokens to generate (default 64)")
     gen.add_argument("--temperature", type=_non_negative_float, default=0.0,
                      help="0 = greedy (default); higher = more random")

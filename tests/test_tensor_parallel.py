@@ -47,7 +47,8 @@ def build(dest: Path, llama: bool = False, **changes) -> Path:
     """A tiny random model (tiny-qwen3's init) with some config changes; llama: no q/k-norm, an untied head."""
     _write_random_qwen3(dest, tiny_config(**changes), tiny_init)
     if llama:
-        weights = {n: t for n, t in load_file(dest / "model.safetensors").items() if "_norm" not in n or "layernorm" in n}
+        weights = {n: t for n, t in load_file(dest / "model.safetensors").items()
+                   if not n.endswith(("q_norm.weight", "k_norm.weight"))}
         weights["lm_head.weight"] = torch.randn(weights["model.embed_tokens.weight"].shape,
                                                 generator=torch.Generator().manual_seed(1)) * 0.1
         save_file(weights, dest / "model.safetensors", metadata={"format": "pt"})

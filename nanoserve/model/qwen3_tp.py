@@ -123,7 +123,8 @@ def load_tp_model(path, group: TPGroup, dtype: torch.dtype, device, compiled: bo
                     if dim is None:
                         dest.copy_(source[:])
                         continue
-                    stop = min(start + dest.shape[dim], full_shapes[name][dim])  # the last vocabulary slice may be short
+                    # the last vocabulary slice may be short (the rest of its rows is padding)
+                    stop = min(start + dest.shape[dim], full_shapes[name][dim])
                     dest.narrow(dim, 0, stop - start).copy_(source[start:stop] if dim == 0 else source[:, start:stop])
-                    dest.narrow(dim, stop - start, dest.shape[dim] - (stop - start)).zero_()  # padding rows, if any
+                    dest.narrow(dim, stop - start, dest.shape[dim] - (stop - start)).zero_()
     return model.eval()

@@ -233,7 +233,8 @@ def _write_random_qwen3(dest: Path, config: dict, init, shard_bytes: int | None 
         save_file(weights, dest / file, metadata={"format": "pt"})
         del weights  # before the next shard is drawn: one shard in host memory at a time
         weight_map.update(dict.fromkeys(names, file))
-    index = {"metadata": {"total_size": sum(math.prod(s) * itemsize for s in shapes.values())}, "weight_map": weight_map}
+    total = sum(math.prod(s) * itemsize for s in shapes.values())
+    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
     (dest / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
 
 
