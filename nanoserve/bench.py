@@ -78,10 +78,10 @@ def bench_batch1(llm, prompt_len: int = 128, max_tokens: int = 512) -> dict:
 
 def graph_replay_ceiling(llm, replays: int = 200) -> float | None:
     """Tokens/s of replaying the batch-1 graph alone (its last step's context): what a batch-1 step could
-    cost with no CPU work at all. None without graphs."""
+    cost with no CPU work at all. None without graphs, and with tensor parallelism."""
     runner = llm.engine.runner
-    if not getattr(runner, "graphs", None):
-        return None
+    if not getattr(runner, "graphs", None) or llm.workers is not None:
+        return None  # no graphs; or tensor-parallel ones, whose collectives wait for every rank to replay too
     runner.builder.d["slot_mapping"][:1].fill_(-1)  # replays must not write K/V anywhere
     graph = runner.graphs[1][0]
     torch.cuda.synchronize()
@@ -225,7 +225,7 @@ def profile_decode(llm, prompts, num_steps: int = 20) -> dict:
 
 
 def main(model: str, baseline: bool, out: str | None, num_seqs: int, profile: bool = False,
-         ladder: bool = False) -> int:
+         ladder: bool = False, tensor_parallel_size: int = 1) -> int:
     if not torch.cuda.is_available() and num_seqs == 256:
         print("nanoserve: bench measures a GPU; on a CPU the full workload would take hours "
               "(try --num-seqs 4 --no-baseline --model tiny-qwen3 to see it run)", file=sys.stderr)
@@ -234,11 +234,12 @@ def main(model: str, baseline: bool, out: str | None, num_seqs: int, profile: bo
     print(f"workload: {len(prompts)} requests, {sum(map(len, prompts)):,} prompt tokens, "
           f"{sum(max_tokens):,} output tokens", file=sys.stderr)
     results = {"model": model, "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
-               "torch": torch.__version__}
+               "torch": torch.__version__, "tensor_parallel_size": tensor_parallel_size}
+    tp = {"tensor_parallel_size": tensor_parallel_size} if tensor_parallel_size > 1 else {}
     stages = STAGES if ladder else {"nanoserve": {}}  # {}: the LLM's defaults (graphs and fused ops on a GPU)
     results["ladder"] = {}
     for name, switches in stages.items():
-        found = results["ladder"][name] = bench_stage(model, prompts, max_tokens, **switches)
+        found = results["ladder"][name] = bench_stage(model, prompts, max_tokens, **switches, **tp)
         w, b = found["workload"], found["bs1"]
         print(f"{name}: {w['output_tokens']:,} tokens in {w['seconds']:.1f} s = {w['tok_per_s']:,.0f} tok/s "
               f"({w['prefill_steps']} steps with prefill, {w['decode_only_steps']} decode-only, {w['preemptions']} "
@@ -250,7 +251,7 @@ def main(model: str, baseline: bool, out: str | None, num_seqs: int, profile: bo
         from nanoserve.engine.llm import LLM
 
         # Steps one after another (no async scheduling), so that each phase's time is its own.
-        with LLM(model, max_model_len=4096, async_scheduling=False) as llm:
+        with LLM(model, max_model_len=4096, async_scheduling=False, **tp) as llm:
             found = results["profile"] = profile_decode(llm, prompts)
         print(f"one decode step at batch {found['batch']}: {found['total_ms_per_step']:.2f} ms")
         for phase, ms in found["ms_per_step"].items():

@@ -2,8 +2,10 @@
 
     nanoserve generate "Once upon a time" [--model NAME_OR_DIR] [--max-tokens N]
                        [--temperature T] [--top-k K] [--top-p P] [--seed S] [--chat] [--device cpu|cuda[:N]]
+                       [--tensor-parallel-size N]
     nanoserve prepare tiny-qwen3 smollm2-135m-instruct
     nanoserve bench [--model NAME_OR_DIR] [--num-seqs N] [--no-baseline] [--out FILE] [--profile] [--ladder]
+                    [--tensor-parallel-size N]
 
     nanoserve --debug SUBCOMMAND ...   (--debug goes before the subcommand: show the full traceback of an error)
 
@@ -49,8 +51,8 @@ def build_parser() -> argparse.ArgumentParser:
     gen = sub.add_parser("generate", help="print a completion of a prompt")
     gen.add_argument("prompt", help="the text to complete (with --chat: the user's message)")
     gen.add_argument("--model", default=None,
-                     help="a model directory, a hub id in the local HF cache, or one of tiny-qwen3, "
-                          "qwen3-0.6b-random, smollm2-135m-instruct (default: a cached Qwen3, else SmolLM2)")
+                     help="a model directory, a hub id in the local HF cache, or one of tiny-qwen3, qwen3-0.6b-random, "
+                          "qwen3-8b-random, smollm2-135m-instruct (default: a cached Qwen3, else SmolLM2)")
     gen.add_argument("--max-tokens", type=_positive_int, default=64, help="most tokens to generate (default 64)")
     gen.add_argument("--temperature", type=_non_negative_float, default=0.0,
                      help="0 = greedy (default); higher = more random")
@@ -61,10 +63,14 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--chat", action="store_true", help="send the prompt as a user message through LLM.chat "
                                                          "(the model's chat template)")
     gen.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda if available)")
+    gen.add_argument("--tensor-parallel-size", type=_positive_int, default=1,
+                     help="split the model over N processes (GPUs 0..N-1, or the CPU) (default 1)")
     bench = sub.add_parser("bench", help="the course's benchmark workload (GPU), against transformers")
     bench.add_argument("--model", default="qwen3-0.6b-random")
     bench.add_argument("--num-seqs", type=_positive_int, default=256)
     bench.add_argument("--no-baseline", action="store_true", help="skip the transformers baseline")
+    bench.add_argument("--tensor-parallel-size", type=_positive_int, default=1,
+                       help="run nanoserve split over N GPUs (default 1)")
     bench.add_argument("--out", default=None, help="also write the results as JSON here")
     bench.add_argument("--profile", action="store_true",
                        help="also show where one decode step's time goes, with every request decoding")
@@ -121,7 +127,8 @@ def generate(args) -> int:
     except ValueError as e:  # a bad --top-k or --top-p: a usage error, like a bad --temperature
         raise UsageError(str(e)) from e
     check_device(args.device)
-    llm = LLM(args.model, device=args.device, max_num_seqs=1, max_model_len=args.max_tokens + 4096)
+    llm = LLM(args.model, device=args.device, max_num_seqs=1, max_model_len=args.max_tokens + 4096,
+              tensor_parallel_size=args.tensor_parallel_size)
     if args.chat:
         if llm.tokenizer.chat_template is None:
             raise ValueError("this model has no chat template; drop --chat")
@@ -156,7 +163,8 @@ def run(args) -> int:
     if args.command == "bench":
         from nanoserve.bench import main as bench_main
 
-        return bench_main(args.model, not args.no_baseline, args.out, args.num_seqs, args.profile, args.ladder)
+        return bench_main(args.model, not args.no_baseline, args.out, args.num_seqs, args.profile, args.ladder,
+                          args.tensor_parallel_size)
     if args.command == "prepare":
         from nanoserve.model.zoo import resolve_model
 

@@ -116,8 +116,8 @@ def test_stream_yields_each_token_as_it_comes(llm):
 
 
 def test_unsupported_settings_are_clear_errors():
-    with pytest.raises(NotImplementedError, match="lesson 07"):
-        LLM("tiny-qwen3", tensor_parallel_size=2)
+    with pytest.raises(ValueError, match="tensor_parallel_size must be an integer >= 1"):
+        LLM("tiny-qwen3", tensor_parallel_size=0)
     with pytest.raises(ValueError, match="gpu_memory_utilization"):
         LLM("tiny-qwen3", gpu_memory_utilization=1.5)
 

@@ -7,6 +7,7 @@ import json
 import time
 from collections import deque
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -178,8 +179,9 @@ class LLMSetup:
                           max_num_batched_tokens=max_num_batched_tokens, record_steps=record_steps)
         if num_gpu_blocks_override is not None:
             check_engine_args(num_gpu_blocks_override=num_gpu_blocks_override)
-        if tensor_parallel_size != 1:
-            raise NotImplementedError("tensor parallelism arrives in lesson 07; use tensor_parallel_size=1")
+        check_engine_args(tensor_parallel_size=tensor_parallel_size)
+        if tensor_parallel_size > 1 and not fused_ops:
+            raise ValueError("tensor parallelism (lesson 07) cuts lesson 06's fused model: leave fused_ops=True")
         if isinstance(gpu_memory_utilization, bool) or not 0 < gpu_memory_utilization <= 1:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization!r}")
         if not cpu_kv_cache_gib > 0:
@@ -197,7 +199,15 @@ class LLMSetup:
         if self.fused_ops:
             model_args = dict(model_cls=self.fused_model_cls, compiled=not self.enforce_eager)
         self.tokenizer = load_tokenizer(path)
-        self.model = load_model(path, dtype=resolve_dtype(dtype, path, device), device=device, **model_args)
+        self.workers = None  # lesson 07's tensor parallelism: the processes of ranks 1.., and their slices
+        if tensor_parallel_size > 1:
+            from nanoserve.engine.tp_workers import TPWorkers
+
+            self.workers = TPWorkers(path, resolve_dtype(dtype, path, device), device, tensor_parallel_size,
+                                     compiled=not self.enforce_eager)
+            self.model = self.workers.model  # rank 0's slice
+        else:
+            self.model = load_model(path, dtype=resolve_dtype(dtype, path, device), device=device, **model_args)
         self.eos_token_ids = eos_token_ids(path, self.tokenizer)
         self.max_model_len = min(max_model_len, self.model.config.max_position_embeddings)
         self._pool = dict(block_size=block_size, prefix_caching=enable_prefix_caching, max_num_seqs=max_num_seqs,
@@ -216,12 +226,18 @@ class LLMSetup:
             if self.model is None:
                 raise RuntimeError("this LLM was shut down; create a new one")
             weights, pool = self.model.lm_head.weight, self._pool
-            num_blocks = pool["num_blocks"] or num_kv_blocks(
-                self.model.config, pool["block_size"], weights.dtype, weights.device, pool["max_num_seqs"],
-                self.max_model_len, pool["gpu_memory_utilization"], pool["cpu_kv_cache_gib"])
+            kv_args = dict(block_size=pool["block_size"], dtype=weights.dtype, max_num_seqs=pool["max_num_seqs"],
+                           max_model_len=self.max_model_len, gpu_memory_utilization=pool["gpu_memory_utilization"],
+                           cpu_kv_cache_gib=pool["cpu_kv_cache_gib"])
+            measure = partial(num_kv_blocks, self.model.config, **kv_args)
+            num_blocks = pool["num_blocks"] or measure(device=weights.device)
+            if self.workers is not None and not pool["num_blocks"]:  # every rank gets the pool the fullest one can hold
+                num_blocks = self.workers.fewest_kv_blocks(num_blocks, measure)
             if num_blocks < 1:
                 raise ValueError("no memory left for the KV cache: lower max_model_len or raise gpu_memory_utilization")
             cache_cls = self.prefix_cache_cls if pool["prefix_caching"] else self.paged_cache_cls
+            if self.workers is not None:
+                cache_cls = self.workers.kv_cache_class(cache_cls)
             cache = cache_cls(self.model.config, num_blocks, pool["block_size"], weights.dtype, weights.device)
             engine_cls = self.overlapped_engine_cls if self.async_scheduling else self.engine_cls
             self._engine = engine_cls(self.model, cache, self.tokenizer, self.eos_token_ids, runner=self._runner(cache),
@@ -231,11 +247,13 @@ class LLMSetup:
     def _runner(self, cache):
         """Lesson 06's model runner (CUDA graphs on a GPU, the fused sampler, launching ahead), or None:
         lesson 05's."""
-        if self.enforce_eager and not self.async_scheduling:
+        if self.enforce_eager and not self.async_scheduling and self.workers is None:
             return None
         args, device = self._engine_args, cache.k_cache.device
         runner_cls = self.overlapped_runner_cls if self.async_scheduling else self.graph_runner_cls
         sampler = self.fused_sampler_cls(args["max_num_seqs"], device, compiled=self.fused_ops and not self.enforce_eager)
+        if self.workers is not None:  # lesson 07: a runner that runs every step on every rank
+            runner_cls = self.workers.runner
         return runner_cls(self.model, cache, args["max_num_seqs"], args["max_num_batched_tokens"], self.max_model_len,
                           sampler, cuda_graphs=device.type == "cuda" and not self.enforce_eager)
 
@@ -251,6 +269,8 @@ class LLMSetup:
     def shutdown(self) -> None:
         """Free the model and the KV pool now (a `with LLM(...) as llm:` block does it on exit)."""
         self._engine, self.model, self._routes = None, None, {}
+        if self.workers is not None:
+            self.workers.shutdown()
         gc.collect()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()

