@@ -120,6 +120,9 @@ def add_bench_serve_parser(sub) -> None:
     bench.add_argument("--max-output-len", type=_positive_int, default=1024)
     bench.add_argument("--dataset", default=None,
                        help="a JSON list of {\"prompt\": str, \"max_tokens\": int} instead of the course workload")
+    bench.add_argument("--extra-body", default=None,
+                       help="JSON fields sent with every request (default: temperature 0.6, ignore_eos, "
+                            "stream_options.include_usage; give '{\"temperature\": 0.6}' to a server that rejects extras)")
     bench.add_argument("--api-key", default=None)
     bench.add_argument("--seed", type=int, default=0)
     bench.add_argument("--out", default=None, help="write the results as JSON here")

@@ -1,5 +1,6 @@
 """`nanoserve serve`, tested as a user would: a real server process, the official openai client."""
 import asyncio
+import json
 import signal
 import socket
 import subprocess
@@ -179,6 +180,18 @@ def test_a_full_queue_answers_503(server):
     assert full.status_code == 503 and full.body["type"] == "service_unavailable_error"
     wait_until_idle(url)
     assert client(url).completions.create(model=MODEL, prompt="Hi", max_tokens=2).usage.completion_tokens == 2
+
+
+def test_bench_serve_counts_every_token(server, tmp_path):
+    """The serving benchmark against the server: every request completes with exactly its max_tokens."""
+    from nanoserve.serve.benchmark import DEFAULT_EXTRA_BODY, BenchRequest, run_at_rate
+
+    _, url = server
+    requests = [BenchRequest(f"Question {i}?", 6 + i) for i in range(6)]
+    for rate in (50.0, float("inf")):
+        s = asyncio.run(run_at_rate(url, MODEL, requests, rate, "completions", json.loads(DEFAULT_EXTRA_BODY), None))
+        assert (s["completed"], s["failed"], s["output_tokens"]) == (6, 0, sum(6 + i for i in range(6)))
+        assert 0 < s["ttft"]["median_ms"] <= s["ttft"]["p99_ms"] and s["itl"]["median_ms"] > 0
 
 
 def test_sigterm_ends_streams_with_an_error_and_exits_0(server):
