@@ -5,6 +5,8 @@ with its log's tail) and serve_latency.png into the output directory.
 
 Run on a CUDA machine (fastapi, uvicorn, pydantic, openai from bench/wheels.sh):
     python bench/gpu_lesson08.py OUT_DIR [--servers nanoserve transformers] [--rates 2 8 inf]
+Two calls (one server each, to stay within a command's time limit), joined afterwards on any machine:
+    python bench/gpu_lesson08.py OUT_DIR --merge a/serve_bench.json b/serve_bench.json
 """
 import argparse
 import asyncio
@@ -94,6 +96,16 @@ def bench(server: Server, model_id: str, requests, rates, tokenizer, extra: dict
     return runs
 
 
+def merge(paths: list[str], out: Path) -> None:
+    parts = [json.loads(Path(p).read_text()) for p in paths]
+    result = {**parts[0], "servers": {}, "failed_to_start": {}}
+    for part in parts:
+        result["servers"].update(part["servers"])
+        result["failed_to_start"].update(part["failed_to_start"])
+    (out / "serve_bench.json").write_text(json.dumps(result, indent=2))
+    plot_latency({n: s["runs"] for n, s in result["servers"].items()}, str(out / "serve_latency.png"))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("out_dir")
@@ -104,9 +116,13 @@ def main() -> None:
     parser.add_argument("--num-prompts", type=int, default=128)
     parser.add_argument("--max-input-len", type=int, default=1024)
     parser.add_argument("--max-output-len", type=int, default=256)
+    parser.add_argument("--merge", nargs="+", default=None,
+                        help="join these serve_bench.json files into OUT_DIR (JSON and plot), run nothing")
     args = parser.parse_args()
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    if args.merge:
+        return merge(args.merge, out)
     model_dir = str(resolve_model(args.model))
     tokenizer = load_tokenizer(model_dir)
     # The chat endpoint: the one both servers have. Every server gets the same prompts and lengths.
@@ -128,7 +144,7 @@ def main() -> None:
         for i, command in enumerate(attempts):
             server = Server(command, port, out / f"{name}_{i}.log")
             try:
-                model_id = server.wait_ready(600)
+                model_id = server.wait_ready(300)
                 print(f"{name}: {' '.join(command)} serves {model_id}", flush=True)
                 start = time.perf_counter()
                 result["servers"][name] = {"command": command, "runs": bench(server, model_id, requests, rates,

@@ -55,7 +55,6 @@ class SamplingRequest(BaseModel):
 class CompletionRequest(SamplingRequest):
     prompt: str | list[int]
     logprobs: int | None = None  # legacy completions: the number of top log-probs per token
-    echo: bool = False
 
 
 class ChatMessage(BaseModel):
