@@ -86,6 +86,19 @@ def test_a_bad_parameter_is_named():
     assert bad.value.param == "n"
 
 
+def test_api_key_guards_the_v1_routes():
+    from fastapi.testclient import TestClient
+
+    from nanoserve import LLM
+    from nanoserve.serve.api_server import build_app
+
+    with LLM(MODEL) as llm, TestClient(build_app(llm, MODEL, api_key="secret")) as http:
+        assert http.get("/v1/models").status_code == 401
+        assert http.get("/v1/models", headers={"Authorization": "Bearer wrong"}).json()["error"]["code"] == 401
+        assert http.get("/v1/models", headers={"Authorization": "Bearer secret"}).status_code == 200
+        assert http.get("/health").status_code == 200
+
+
 # Against the server.
 
 def test_models_list(server):
@@ -145,6 +158,14 @@ def test_concurrent_streams_and_abandoned_ones(server):
     counts = asyncio.run(main())
     assert [c for i, c in enumerate(counts) if i % 4] == [16 + i for i in range(32) if i % 4]
     wait_until_idle(url, seconds=5)  # an abandoned request left to run would hold the engine for minutes
+
+
+def test_a_client_that_gives_up_on_a_whole_reply_frees_its_request(server):
+    _, url = server
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(f"{url}/v1/completions", json={"model": MODEL, "prompt": "Long", "max_tokens": 3000,
+                                                  "ignore_eos": True}, timeout=1.0)
+    wait_until_idle(url, seconds=5)
 
 
 def test_bad_requests_get_400_and_the_server_goes_on(server):

@@ -15,7 +15,7 @@ import signal
 from contextlib import asynccontextmanager
 
 import uvicorn
-from fastapi import FastAPI, Request
+from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
@@ -27,6 +27,10 @@ from nanoserve.serve.protocol import (BadRequest, ChatCompletionRequest, Complet
 
 
 class ModelNotFound(LookupError):
+    pass
+
+
+class Unauthorized(PermissionError):
     pass
 
 
@@ -67,12 +71,15 @@ def build_app(llm, model_name: str, max_waiting_requests: int = 256, api_key: st
     async def on_unavailable(_, exc: Exception):
         return error(503, "service_unavailable_error", str(exc))
 
-    @app.middleware("http")
-    async def check_api_key(request: Request, call_next):
-        if api_key is not None and request.url.path.startswith("/v1") \
-                and request.headers.get("authorization") != f"Bearer {api_key}":
-            return error(401, "authentication_error", "invalid or missing API key")
-        return await call_next(request)
+    @app.exception_handler(Unauthorized)
+    async def on_unauthorized(_, exc: Unauthorized):
+        return error(401, "authentication_error", str(exc))
+
+    async def check_api_key(request: Request) -> None:
+        if api_key is not None and request.headers.get("authorization") != f"Bearer {api_key}":
+            raise Unauthorized("invalid or missing API key")
+
+    v1 = APIRouter(prefix="/v1", dependencies=[Depends(check_api_key)])  # the routes an API key guards
 
     # Helpers shared by the two generation endpoints.
     def engine(request: Request) -> AsyncEngine:
@@ -88,12 +95,22 @@ def build_app(llm, model_name: str, max_waiting_requests: int = 256, api_key: st
         except ValueError as e:  # the engine's own checks: a prompt too long for max_model_len, ...
             raise BadRequest(str(e), "prompt") from None
 
-    async def wait_for_all(stream: RequestStream) -> None:
-        try:
+    async def wait_for_all(stream: RequestStream, request: Request) -> None:
+        """Wait for a request that is not streamed; if its client goes away meanwhile, abort it. (A stream
+        notices a missing client when it writes the next chunk; this response writes nothing until the end.)"""
+        async def drain():
             async for _ in stream:
                 pass
+
+        done = asyncio.ensure_future(drain())
+        try:
+            while not done.done():
+                await asyncio.wait({done}, timeout=0.5)
+                if not done.done() and await request.is_disconnected():
+                    done.cancel()
+            await done
         finally:
-            stream.abort()  # the handler was cancelled or failed: nothing more is computed for it
+            stream.abort()  # finished: nothing to do; otherwise nothing more is computed for it
 
     async def events(stream: RequestStream, request_id: str, chat: bool, include_usage: bool):
         """The server-sent events of one streamed request, ending in `data: [DONE]`."""
@@ -139,12 +156,12 @@ def build_app(llm, model_name: str, max_waiting_requests: int = 256, api_key: st
     async def prometheus():
         return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
-    @app.get("/v1/models")
+    @v1.get("/models")
     async def models():
         return {"object": "list", "data": [{"id": model_name, "object": "model", "created": 0,
                                            "owned_by": "nanoserve", "max_model_len": llm.max_model_len}]}
 
-    @app.post("/v1/completions")
+    @v1.post("/completions")
     async def completions(body: CompletionRequest, request: Request):
         check_model(body.model)
         if isinstance(body.prompt, str):
@@ -157,7 +174,7 @@ def build_app(llm, model_name: str, max_waiting_requests: int = 256, api_key: st
         if body.stream:
             include_usage = body.stream_options is not None and body.stream_options.include_usage
             return streaming(events(stream, request_id, False, include_usage))
-        await wait_for_all(stream)
+        await wait_for_all(stream, request)
         choices = []
         for seq in sorted(stream.seqs, key=lambda s: s.index):
             out = seq.completion()
@@ -167,7 +184,7 @@ def build_app(llm, model_name: str, max_waiting_requests: int = 256, api_key: st
         generated = sum(len(s.output_ids) for s in stream.seqs)
         return completion_response(request_id, model_name, choices, len(prompt_ids), generated)
 
-    @app.post("/v1/chat/completions")
+    @v1.post("/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request):
         check_model(body.model)
         if not body.messages:
@@ -187,7 +204,7 @@ def build_app(llm, model_name: str, max_waiting_requests: int = 256, api_key: st
         if body.stream:
             include_usage = body.stream_options is not None and body.stream_options.include_usage
             return streaming(events(stream, request_id, True, include_usage))
-        await wait_for_all(stream)
+        await wait_for_all(stream, request)
         choices = []
         for seq in sorted(stream.seqs, key=lambda s: s.index):
             out = seq.completion()
@@ -197,6 +214,7 @@ def build_app(llm, model_name: str, max_waiting_requests: int = 256, api_key: st
         generated = sum(len(s.output_ids) for s in stream.seqs)
         return chat_response(request_id, model_name, choices, len(prompt_ids), generated)
 
+    app.include_router(v1)
     return app
 
 
