@@ -48,6 +48,15 @@ def server():
         proc.wait(timeout=10)
 
 
+@pytest.fixture(scope="module")
+def llm():
+    """The same model in this process: the oracle for the server's answers."""
+    from nanoserve import LLM
+
+    with LLM(MODEL) as llm:
+        yield llm
+
+
 def client(url: str) -> openai.OpenAI:
     return openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
 
@@ -86,13 +95,12 @@ def test_a_bad_parameter_is_named():
     assert bad.value.param == "n"
 
 
-def test_api_key_guards_the_v1_routes():
+def test_api_key_guards_the_v1_routes(llm):
     from fastapi.testclient import TestClient
 
-    from nanoserve import LLM
     from nanoserve.serve.api_server import build_app
 
-    with LLM(MODEL) as llm, TestClient(build_app(llm, MODEL, api_key="secret")) as http:
+    with TestClient(build_app(llm, MODEL, api_key="secret")) as http:
         assert http.get("/v1/models").status_code == 401
         assert http.get("/v1/models", headers={"Authorization": "Bearer wrong"}).json()["error"]["code"] == 401
         assert http.get("/v1/models", headers={"Authorization": "Bearer secret"}).status_code == 200
@@ -106,16 +114,14 @@ def test_models_list(server):
     assert [m.id for m in client(url).models.list().data] == [MODEL]
 
 
-def test_greedy_completion_equals_llm_generate(server):
-    from nanoserve import LLM, SamplingParams
+def test_greedy_completion_equals_llm_generate(server, llm):
+    from nanoserve import SamplingParams
 
     _, url = server
     prompt = "The quick brown fox"
     reply = client(url).completions.create(model=MODEL, prompt=prompt, max_tokens=12, temperature=0,
                                            extra_body={"ignore_eos": True})
-    with LLM(MODEL) as llm:
-        expected = llm.generate(prompt, SamplingParams(temperature=0, max_tokens=12, ignore_eos=True),
-                                use_tqdm=False)[0]
+    expected = llm.generate(prompt, SamplingParams(temperature=0, max_tokens=12, ignore_eos=True), use_tqdm=False)[0]
     assert reply.choices[0].text == expected.outputs[0].text
     assert reply.choices[0].finish_reason == "length"
     assert (reply.usage.prompt_tokens, reply.usage.completion_tokens) == (len(expected.prompt_token_ids), 12)
