@@ -74,7 +74,7 @@ class AsyncEngine:
     `stream = await engine.add_request(ids, params)` and `async for delta in stream`."""
 
     def __init__(self, llm, max_waiting_requests: int = 256, metrics=None):
-        self.llm, self.engine = llm, llm.engine  # llm.engine builds the KV pool now, not at the first request
+        self.engine = llm.engine  # llm.engine builds the KV pool now, not at the first request
         self.max_requests = self.engine.scheduler.max_num_seqs + max_waiting_requests
         self.metrics = metrics
         self.requests: set[RequestStream] = set()  # accepted or about to be, not finished
