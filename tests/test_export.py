@@ -95,6 +95,41 @@ def test_module_fed_by_two_notebooks_is_an_error(tmp_path):
         ex.generate(tmp_path)
 
 
+def test_sibling_names_are_imported_by_export_not_by_cells(tmp_path):
+    """A module using a name from another module of its notebook gets the import line; the notebook's own
+    cells never import it (in the notebook the learner's definition above is the one that must run)."""
+    write_nb(tmp_path, "01_demo.ipynb", [
+        "#| default_exp model",
+        '#| export\n"""Model."""\nimport math\n\nfrom nanoserve.kernels.other import helper',
+        "#| export\ndef twice(x):\n    return scale(x) * PAGE + math.pi + helper(x)",
+        "#| export kernels.paged\nPAGE = 16\n\n\ndef scale(x):\n    return x",
+    ])
+    text = ex.generate(tmp_path)[Path("nanoserve/model.py")]
+    assert ('import math\n\nfrom nanoserve.kernels.other import helper\n'
+            'from nanoserve.kernels.paged import PAGE, scale\n') in text
+    ast.parse(text)
+
+    write_nb(tmp_path, "01_demo.ipynb", [
+        "#| default_exp model",
+        "#| export\ndef twice(x):\n    return 2 * x",
+        "from nanoserve.model import twice\ntwice(3)",
+    ])
+    with pytest.raises(ex.ExportError, match=r"01_demo.ipynb cell 2, line 1: .*replaces twice"):
+        ex.generate(tmp_path)
+    write_nb(tmp_path, "01_demo.ipynb", [
+        "#| default_exp model",
+        "#| export\ndef twice(x):\n    return 2 * x",
+        "import nanoserve.model as reference\nfrom nanoserve.model import twice as reference_twice",
+    ])
+    ex.generate(tmp_path)  # other names for the engine's version are fine
+
+
+def test_name_defined_nowhere_is_an_error(tmp_path):
+    write_nb(tmp_path, "01_demo.ipynb", ["#| default_exp model", "#| export\ndef f(x):\n    return undefined(x)"])
+    with pytest.raises(ex.ExportError, match="uses undefined, which it neither defines nor imports"):
+        ex.generate(tmp_path)
+
+
 def test_refuses_to_overwrite_hand_written_module(repo):
     _write = repo / "nanoserve/model.py"
     _write.parent.mkdir()

@@ -9,14 +9,22 @@ solutions/NN_topic.ipynb are the single source of truth (README: "How the reposi
 * every notebook is copied to lessons/ with each `### BEGIN SOLUTION hint` ...
   `### END SOLUTION` region replaced by `raise NotImplementedError("hint")`.
 
+Inside a notebook, the names its export cells define are the ones that run: no cell may import a name the
+notebook itself defines (that would replace the learner's definition by the engine's, and the lesson's checks
+would certify the engine). Where a module uses a name that another module of the same notebook defines,
+export writes the `from nanoserve.<module> import name` line into the module itself.
+
     python tools/export.py            write whatever changed
     python tools/export.py --force    also overwrite lessons a learner edited
     python tools/export.py --check    write nothing; exit 1 if anything drifted
 """
 import argparse
+import ast
+import builtins
 import copy
 import hashlib
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -142,7 +150,145 @@ def _exports(nb, src):
         chunk = module_code(code)
         if chunk:
             modules.setdefault(name or default, []).append(chunk)
-    return modules
+    _refuse_self_imports(nb, src, modules)
+    return _add_sibling_imports(modules, src)
+
+
+# ------------------------------------------------- the notebook's own names: imported by export, not cells
+
+TOP_LEVEL_NAME = re.compile(r"^(?:async\s+def|def|class)\s+(\w+)|^(\w+)\s*(?::[^=]*)?=(?!=)", re.M)
+
+
+def _parse(code):
+    """The AST of a cell or module, or None where it does not parse (IPython magics, a learner's typo)."""
+    try:
+        return ast.parse("\n".join(line for line in code.split("\n") if not line.lstrip().startswith(("%", "!"))))
+    except SyntaxError:
+        return None
+
+
+def top_level_names(tree):
+    """Names a module defines at top level (def, class, assignment; inside if/try/with blocks too)."""
+    names = set()
+
+    def visit(body):
+        for node in body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                names.add(node.name)
+            elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+                for target in node.targets if isinstance(node, ast.Assign) else [node.target]:
+                    names.update(n.id for n in ast.walk(target) if isinstance(n, ast.Name))
+            for field in ("body", "orelse", "finalbody"):
+                if isinstance(node, (ast.If, ast.Try, ast.With)):
+                    visit(getattr(node, field, []))
+            for handler in getattr(node, "handlers", []):
+                visit(handler.body)
+
+    visit(tree.body)
+    return names
+
+
+def _bound_names(tree):
+    """Every name the module binds anywhere: assignments, arguments, imports, defs, except-as, globals."""
+    bound = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name) and not isinstance(node.ctx, ast.Load):
+            bound.add(node.id)
+        elif isinstance(node, ast.arg):
+            bound.add(node.arg)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            bound.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            bound.update((a.asname or a.name).split(".")[0] for a in node.names)
+        elif isinstance(node, ast.ExceptHandler) and node.name:
+            bound.add(node.name)
+        elif isinstance(node, (ast.Global, ast.Nonlocal)):
+            bound.update(node.names)
+    return bound
+
+
+def _import_bindings(tree):
+    """(line, the import statement's text, name it binds) for every import in the tree, at any depth."""
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            for alias in node.names:
+                yield node.lineno, ast.unparse(node), (alias.asname or alias.name).split(".")[0]
+
+
+def _refuse_self_imports(nb, src, modules):
+    """No cell of the notebook may import a name the notebook's own export cells define."""
+    own = set()
+    for chunks in modules.values():
+        tree = _parse("\n\n".join(chunks))
+        if tree is not None:
+            own |= top_level_names(tree)
+    for i, cell in enumerate(nb.cells):
+        tree = _parse(cell.source) if cell.cell_type == "code" else None
+        for line, statement, name in _import_bindings(tree) if tree is not None else ():
+            if name in own:
+                raise ExportError(
+                    f"{src} cell {i}, line {line}: `{statement}` replaces {name}, which this notebook defines; "
+                    f"in its own notebook a name must keep the notebook's definition (so the lesson runs the "
+                    f"learner's code). Delete the import (export writes it into the modules that need it), "
+                    f"or import under another name (`import nanoserve.x as reference`).")
+
+
+def _add_sibling_imports(modules, src):
+    """Give each module the `from nanoserve.<sibling> import ...` lines for the names it uses that another
+    module of the same notebook defines (in the notebook they are simply defined above)."""
+    trees = {name: _parse("\n\n".join(chunks)) for name, chunks in modules.items()}
+    # A module that does not parse (a learner's unfinished edit: `make mine` falls back for it) still names
+    # its top-level definitions, as the start of a line says them.
+    defines = {name: top_level_names(tree) if tree is not None
+               else {a or b for a, b in TOP_LEVEL_NAME.findall("\n\n".join(modules[name]))}
+               for name, tree in trees.items()}
+    known = set(dir(builtins)) | {"__file__", "__name__", "__doc__", "__spec__", "__path__"}
+    out = {}
+    for name, chunks in modules.items():
+        tree = trees[name]
+        if tree is None:  # a learner's cell that does not parse: the build reports it, not us
+            out[name] = chunks
+            continue
+        used = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+        needed = {}
+        for free in sorted(used - _bound_names(tree) - known):
+            providers = [other for other, names in defines.items() if other != name and free in names]
+            if len(providers) > 1:
+                raise ExportError(f"{src}: module {name} uses {free}, which modules {providers} all define")
+            if not providers and None in trees.values():
+                continue  # perhaps in the module that does not parse
+            if not providers:
+                raise ExportError(f"{src}: module {name} uses {free}, which it neither defines nor imports")
+            needed.setdefault(providers[0], []).append(free)
+        if not needed:
+            out[name] = chunks
+            continue
+        lines = [f"from {PKG}.{other} import {', '.join(names)}" for other, names in sorted(needed.items())]
+        out[name] = [_insert_after_imports(chunks[0], lines)] + chunks[1:]
+    return out
+
+
+def _insert_after_imports(chunk, lines):
+    """The chunk with `lines` among its opening imports: sorted into its block of nanoserve imports, or as a
+    block of their own after the others."""
+    tree, leading = ast.parse(chunk), []
+    for i, node in enumerate(tree.body):
+        is_docstring = i == 0 and isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)
+        if not (is_docstring or isinstance(node, (ast.Import, ast.ImportFrom))):
+            break
+        leading.append(node)
+    group = []  # the last run of one-line `from nanoserve... import` statements
+    for node in reversed(leading):
+        if not (isinstance(node, ast.ImportFrom) and (node.module or "").startswith(PKG + ".")
+                and node.lineno == node.end_lineno):
+            break
+        group.insert(0, node)
+    code = chunk.split("\n")
+    if group:
+        start, end = group[0].lineno - 1, group[-1].end_lineno
+        return "\n".join(code[:start] + sorted(code[start:end] + lines) + code[end:])
+    after = leading[-1].end_lineno if leading else 0
+    return "\n".join(code[:after] + ([""] if after else []) + lines + code[after:])
 
 
 def _check_name(name, where):

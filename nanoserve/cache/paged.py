@@ -34,19 +34,17 @@ class PagedKVCache:
     block_manager_cls = BlockManager  # lesson 04's prefix-caching cache swaps in its own manager
 
     def __init__(self, config: ModelConfig, num_blocks: int, block_size: int = 16, dtype=torch.float32,
-                 device="cpu", use_triton: bool | None = None):
+                 device="cpu", kernels=None):
         self.block_manager: BlockAllocator = self.block_manager_cls(num_blocks, block_size)
         self.block_size = block_size
         shape = (config.num_layers, num_blocks, block_size, config.num_kv_heads, config.head_dim)
         self.k_cache = torch.zeros(shape, dtype=dtype, device=device)
         self.v_cache = torch.zeros(shape, dtype=dtype, device=device)
-        if use_triton is None:
-            use_triton = torch.device(device).type == "cuda"
-        if use_triton:
+        # kernels: store_kv, paged_decode_attention and paged_prefill_attention, as functions of a module or
+        # any object (this lesson passes its own); by default Triton's on a GPU, the torch ones elsewhere.
+        if kernels is None and torch.device(device).type == "cuda":
             from nanoserve.kernels import triton_paged as kernels  # imported only when used: GPU machines
-        else:
-            kernels = torch_kernels
-        self.kernels = kernels
+        self.kernels = kernels or torch_kernels
         self.tokens_per_forward = deque(maxlen=10_000)  # tokens each recent forward carried: the cache at work
 
     @property

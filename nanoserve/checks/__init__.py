@@ -4,3 +4,73 @@ The same check runs on the engine's code in CI (tests/) and on the learner's cod
 notebook. Each compares against an independent oracle (Hugging Face transformers or plain torch)
 and raises AssertionError with a hint when the numbers differ.
 """
+import inspect
+import re
+
+STUB_MESSAGE = re.compile(r"Exercise (\d+\.\d+\w*)")
+IPYTHON_HISTORY = re.compile(r"_+|_i+\d*|_\d+|_[oid]h")  # Jupyter's names for past inputs and outputs
+
+
+def _stub_exercises(code) -> set[str]:
+    """Exercise numbers in the stub messages a code object (or any function nested in it) raises."""
+    found = set()
+    for const in code.co_consts:
+        if isinstance(const, str) and STUB_MESSAGE.match(const):
+            found.add(STUB_MESSAGE.match(const).group(1))
+        elif inspect.iscode(const):
+            found |= _stub_exercises(const)
+    return found
+
+
+def unfinished_exercises(namespace: dict) -> dict[str, str]:
+    """{exercise number: where} for every stub still in the functions and classes a notebook defined."""
+    found = {}
+    for name, value in namespace.items():
+        if inspect.isfunction(getattr(value, "fn", None)):  # a Triton kernel or helper: its Python function
+            value = value.fn
+        if getattr(value, "__module__", None) != "__main__" or IPYTHON_HISTORY.fullmatch(name):
+            continue
+        members = vars(value).items() if inspect.isclass(value) else [(None, value)]
+        for member, obj in members:
+            obj = obj.fget if isinstance(obj, property) else getattr(obj, "__func__", obj)
+            code = getattr(obj, "__code__", None)
+            for number in _stub_exercises(code) if code else ():
+                found.setdefault(number, f"{name}.{member}" if member else name)
+    def order(item):  # "3.1b" -> (3, 1, "b")
+        lesson, number, part = re.fullmatch(r"(\d+)\.(\d+)(\w*)", item[0]).groups()
+        return int(lesson), int(number), part
+
+    return dict(sorted(found.items(), key=order))
+
+
+def report_unfinished_exercises(namespace: dict) -> None:
+    """In Jupyter: when a cell stops at an exercise stub, list under the error every exercise of this notebook
+    that is still a stub. The lesson's checks and payoffs run your code from this notebook, so each of them
+    needs the exercises it goes through."""
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return
+    shell = get_ipython()
+    if shell is None:
+        return
+
+    def explain(shell, etype, value, tb, tb_offset=None):
+        shell.showtraceback((etype, value, tb), tb_offset=tb_offset)
+        left = unfinished_exercises(namespace)
+        if left:
+            print("This cell runs your code from this notebook. Exercises still to write: "
+                  + ", ".join(f"{number} ({where})" for number, where in left.items())
+                  + ". Write them, run their cells, then run this cell again.")
+
+    shell.set_custom_exc((NotImplementedError,), explain)
+
+
+def namespace_of(cls) -> dict:
+    """The globals a class's methods run with: in a lesson the notebook's names (its own Sequence, say),
+    in the package its module's. A check that builds objects for the class under test takes them from here."""
+    for value in vars(cls).values():
+        function = getattr(value, "__func__", value)
+        if hasattr(function, "__globals__"):
+            return function.__globals__
+    raise TypeError(f"{cls.__name__} defines no method")

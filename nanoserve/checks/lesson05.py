@@ -7,11 +7,12 @@ def _tiny_config():
     return ModelConfig.from_hf(hf_tiny_model(**TINY_CONFIGS["qwen3 group=1 head_dim=64"], layers=1).config.to_dict())
 
 
-def _seq(seq_id, n_prompt, max_tokens=8):
+def _seq(seq_id, n_prompt, max_tokens=8, world=None):
+    """A sequence built with the Sequence class that `world` (the code under test's globals) knows."""
     from nanoserve.engine.sampling_params import SamplingParams
     from nanoserve.engine.sequence import Sequence
 
-    return Sequence(seq_id, list(range(1, n_prompt + 1)), SamplingParams(temperature=0, max_tokens=max_tokens), 0)
+    return (world or {}).get("Sequence", Sequence)(seq_id, list(range(1, n_prompt + 1)), SamplingParams(temperature=0, max_tokens=max_tokens), 0)
 
 
 def _run(scheduler, batch):
@@ -24,13 +25,15 @@ def _run(scheduler, batch):
 
 def check_scheduler(scheduler_cls) -> None:
     from nanoserve.cache.paged import PagedKVCache
-    from nanoserve.engine.sequence import SequenceStatus
+    from nanoserve.checks import namespace_of
 
+    world = namespace_of(scheduler_cls)  # the scheduler's own Sequence and SequenceStatus (a notebook's, in a lesson)
+    SequenceStatus = world["SequenceStatus"]  # noqa: N806
     config = _tiny_config()
     # Chunked prefill: a 20-token prompt with a budget of 8 comes in chunks of 8, 8, 4, while an earlier
     # request keeps decoding beside it.
     s = scheduler_cls(PagedKVCache(config, num_blocks=64, block_size=4), max_num_seqs=4, max_num_batched_tokens=8)
-    a, b = _seq(0, 3), _seq(1, 20)
+    a, b = _seq(0, 3, world=world), _seq(1, 20, world=world)
     s.add(a)
     steps = []
     for i in range(4):
@@ -46,13 +49,13 @@ def check_scheduler(scheduler_cls) -> None:
     # max_num_seqs: a third sequence waits while two run.
     s = scheduler_cls(PagedKVCache(config, num_blocks=64, block_size=4), max_num_seqs=2, max_num_batched_tokens=64)
     for i in range(3):
-        s.add(_seq(i, 5))
+        s.add(_seq(i, 5, world=world))
     batch = s.schedule()
     if [q.seq_id for q in batch.seqs] != [0, 1] or [q.seq_id for q in s.waiting] != [2]:
         raise AssertionError(f"with max_num_seqs=2, sequences {[q.seq_id for q in batch.seqs]} ran; want [0, 1]")
     # Preemption: two sequences fill the pool; when they need new blocks, the newer one is preempted.
     s = scheduler_cls(PagedKVCache(config, num_blocks=4, block_size=4), max_num_seqs=4, max_num_batched_tokens=64)
-    a, b = _seq(0, 8), _seq(1, 8)
+    a, b = _seq(0, 8, world=world), _seq(1, 8, world=world)
     s.add(a)
     s.add(b)
     _run(s, s.schedule())  # both prefilled: 4 blocks used, each sequence now has 9 tokens

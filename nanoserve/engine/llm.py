@@ -12,9 +12,16 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
+from nanoserve.cache.paged import PagedKVCache
+from nanoserve.cache.prefix import PrefixCachingKVCache
+from nanoserve.engine.cuda_graphs import GraphModelRunner
+from nanoserve.engine.fused_sampler import FusedSampler
+from nanoserve.engine.llm_engine import LLMEngine
+from nanoserve.engine.overlap import OverlappedLLMEngine, OverlappedModelRunner
 from nanoserve.engine.sampling_params import SamplingParams
 from nanoserve.engine.sequence import Sequence, SequenceStatus
 from nanoserve.model.config import ModelConfig
+from nanoserve.model.qwen3_fused import FusedQwen3ForCausalLM
 
 PROMPT_FORMS = ("a prompt is a string, a list of token ids, {'prompt': str} or {'prompt_token_ids': [...]} "
                 "(or a list of these); chat messages go to LLM.chat")
@@ -147,6 +154,17 @@ class LLMSetup:
     KV pool built at the first request (so an LLM built again in a notebook cell, `llm = LLM(...)`, finds
     the memory of the one it replaces already free), and shutdown."""
 
+    # The parts LLM assembles, and the lesson each comes from. A lesson's notebook subclasses LLM and sets
+    # its own classes here (lesson 04 its prefix cache, lesson 06 its fused model and runners), so that
+    # the whole engine runs the learner's code.
+    paged_cache_cls = PagedKVCache  # lesson 03
+    prefix_cache_cls = PrefixCachingKVCache  # lesson 04
+    engine_cls = LLMEngine  # lesson 05
+    fused_model_cls = FusedQwen3ForCausalLM  # lesson 06: fused_ops=True
+    graph_runner_cls = GraphModelRunner  # lesson 06: CUDA graphs
+    fused_sampler_cls = FusedSampler  # lesson 06
+    overlapped_engine_cls, overlapped_runner_cls = OverlappedLLMEngine, OverlappedModelRunner  # lesson 06: async
+
     def __init__(self, model: str | None = None, dtype="auto", max_model_len: int = 4096, max_num_seqs: int = 256,
                  max_num_batched_tokens: int = 8192, block_size: int = 16, enable_prefix_caching: bool = True,
                  enable_chunked_prefill: bool = True, enforce_eager: bool | None = None, tensor_parallel_size: int = 1,
@@ -177,9 +195,7 @@ class LLMSetup:
         self.async_scheduling = not self.enforce_eager if async_scheduling is None else bool(async_scheduling)
         model_args = {}
         if self.fused_ops:
-            from nanoserve.model.qwen3_fused import FusedQwen3ForCausalLM
-
-            model_args = dict(model_cls=FusedQwen3ForCausalLM, compiled=not self.enforce_eager)
+            model_args = dict(model_cls=self.fused_model_cls, compiled=not self.enforce_eager)
         self.tokenizer = load_tokenizer(path)
         self.model = load_model(path, dtype=resolve_dtype(dtype, path, device), device=device, **model_args)
         self.eos_token_ids = eos_token_ids(path, self.tokenizer)
@@ -197,10 +213,6 @@ class LLMSetup:
     def engine(self):
         """The LLMEngine, with its KV pool: built at first use."""
         if self._engine is None:
-            from nanoserve.cache.paged import PagedKVCache
-            from nanoserve.cache.prefix import PrefixCachingKVCache
-            from nanoserve.engine.llm_engine import LLMEngine
-
             if self.model is None:
                 raise RuntimeError("this LLM was shut down; create a new one")
             weights, pool = self.model.lm_head.weight, self._pool
@@ -209,13 +221,9 @@ class LLMSetup:
                 self.max_model_len, pool["gpu_memory_utilization"], pool["cpu_kv_cache_gib"])
             if num_blocks < 1:
                 raise ValueError("no memory left for the KV cache: lower max_model_len or raise gpu_memory_utilization")
-            cache_cls = PrefixCachingKVCache if pool["prefix_caching"] else PagedKVCache
+            cache_cls = self.prefix_cache_cls if pool["prefix_caching"] else self.paged_cache_cls
             cache = cache_cls(self.model.config, num_blocks, pool["block_size"], weights.dtype, weights.device)
-            engine_cls = LLMEngine
-            if self.async_scheduling:
-                from nanoserve.engine.overlap import OverlappedLLMEngine
-
-                engine_cls = OverlappedLLMEngine
+            engine_cls = self.overlapped_engine_cls if self.async_scheduling else self.engine_cls
             self._engine = engine_cls(self.model, cache, self.tokenizer, self.eos_token_ids, runner=self._runner(cache),
                                      **self._engine_args)
         return self._engine
@@ -225,13 +233,9 @@ class LLMSetup:
         lesson 05's."""
         if self.enforce_eager and not self.async_scheduling:
             return None
-        from nanoserve.engine.cuda_graphs import GraphModelRunner
-        from nanoserve.engine.fused_sampler import FusedSampler
-        from nanoserve.engine.overlap import OverlappedModelRunner
-
         args, device = self._engine_args, cache.k_cache.device
-        runner_cls = OverlappedModelRunner if self.async_scheduling else GraphModelRunner
-        sampler = FusedSampler(args["max_num_seqs"], device, compiled=self.fused_ops and not self.enforce_eager)
+        runner_cls = self.overlapped_runner_cls if self.async_scheduling else self.graph_runner_cls
+        sampler = self.fused_sampler_cls(args["max_num_seqs"], device, compiled=self.fused_ops and not self.enforce_eager)
         return runner_cls(self.model, cache, args["max_num_seqs"], args["max_num_batched_tokens"], self.max_model_len,
                           sampler, cuda_graphs=device.type == "cuda" and not self.enforce_eager)
 
