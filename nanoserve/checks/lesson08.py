@@ -35,9 +35,12 @@ def _small_llm():
 def _loop_error(engine):
     """The exception that ended the engine's step loop, if one did (a stub raises in there, not in the caller)."""
     task = engine.loop_task
-    if task.done() and not task.cancelled() and task.exception() is not None:
-        return task.exception()
-    return None
+    if not task.done() or task.cancelled() or task.exception() is None:
+        return None
+    error = task.exception()
+    while isinstance(error, NotImplementedError) and error.__context__ is not None:
+        error = error.__context__  # a stub met while cleaning up (_forget) hides the error that ended the loop
+    return error
 
 
 async def _collect(stream, n: int, stop_after: int | None = None) -> list[list]:
