@@ -4,6 +4,8 @@
                        [--temperature T] [--top-k K] [--top-p P] [--seed S] [--chat] [--device cpu|cuda[:N]]
                        [--tensor-parallel-size N]
     nanoserve prepare tiny-qwen3 smollm2-135m-instruct
+    nanoserve serve MODEL [--host H] [--port P] [--api-key KEY] [--max-model-len N] [--max-num-seqs N] ...
+    nanoserve bench-serve --base-url URL --model NAME [--request-rate R ...] [--num-prompts N] [--out FILE]
     nanoserve bench [--model NAME_OR_DIR] [--num-seqs N] [--no-baseline] [--out FILE] [--profile] [--ladder]
                     [--tensor-parallel-size N]
 
@@ -77,9 +79,60 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--ladder", action="store_true",
                        help="measure lesson 06's stages one by one: eager, + CUDA graphs, + fused ops, "
                             "+ async scheduling")
+    add_serve_parser(sub)
+    add_bench_serve_parser(sub)
     prep = sub.add_parser("prepare", help="build or find models now, so later runs start at once")
     prep.add_argument("models", nargs="+", help="model names, hub ids or directories")
     return parser
+
+
+def add_serve_parser(sub) -> None:
+    """`nanoserve serve MODEL`: the engine's arguments as vLLM's flags, and the server's own."""
+    serve = sub.add_parser("serve", help="an OpenAI-compatible HTTP server (like vllm serve)")
+    serve.add_argument("model", help="a model directory, a hub id in the local HF cache, or a zoo name")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--api-key", default=None, help="require `Authorization: Bearer KEY` on /v1 routes")
+    serve.add_argument("--served-model-name", default=None, help="the model's name in the API (default: MODEL)")
+    serve.add_argument("--max-waiting-requests", type=_positive_int, default=256,
+                       help="requests that may wait beyond the running batch; more get HTTP 503 (default 256)")
+    serve.add_argument("--max-model-len", type=_positive_int, default=4096)
+    serve.add_argument("--max-num-seqs", type=_positive_int, default=256)
+    serve.add_argument("--max-num-batched-tokens", type=_positive_int, default=8192)
+    serve.add_argument("--block-size", type=_positive_int, default=16)
+    serve.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True)
+    serve.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction, default=True)
+    serve.add_argument("--tensor-parallel-size", type=_positive_int, default=1)
+    serve.add_argument("--dtype", default="auto", help="auto, bfloat16, float16 or float32")
+    serve.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs, no torch.compile")
+    serve.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    serve.add_argument("--num-gpu-blocks-override", type=_positive_int, default=None)
+    serve.add_argument("--seed", type=int, default=0)
+    serve.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda if available)")
+
+
+def add_bench_serve_parser(sub) -> None:
+    """`nanoserve bench-serve`: the serving benchmark against any OpenAI-compatible server."""
+    bench = sub.add_parser("bench-serve", help="benchmark a running OpenAI-compatible server (like vllm bench serve)")
+    bench.add_argument("--base-url", default="http://127.0.0.1:8000", help="the server, without /v1")
+    bench.add_argument("--model", required=True, help="the model name the server expects")
+    bench.add_argument("--tokenizer", default=None,
+                       help="the model whose tokenizer turns workload token ids into text (default: --model)")
+    bench.add_argument("--endpoint", choices=["completions", "chat"], default="completions")
+    bench.add_argument("--request-rate", nargs="+", default=["inf"],
+                       help="requests per second (Poisson arrivals), or inf; several rates run one after another")
+    bench.add_argument("--num-prompts", type=_positive_int, default=64)
+    bench.add_argument("--max-input-len", type=_positive_int, default=1024)
+    bench.add_argument("--max-output-len", type=_positive_int, default=1024)
+    bench.add_argument("--dataset", default=None,
+                       help="a JSON list of {\"prompt\": str, \"max_tokens\": int} instead of the course workload")
+    bench.add_argument("--extra-body", default=None,
+                       help="JSON fields sent with every request (default: temperature 0.6, ignore_eos, "
+                            "stream_options.include_usage; give '{\"temperature\": 0.6}' to a server that rejects extras)")
+    bench.add_argument("--api-key", default=None)
+    bench.add_argument("--seed", type=int, default=0)
+    bench.add_argument("--out", default=None, help="write the results as JSON here")
+    bench.add_argument("--plot", default=None, help="draw latency against request rate here (several rates)")
 
 
 def check_device(text: str | None) -> None:
@@ -154,6 +207,22 @@ def generate(args) -> int:
     return 0
 
 
+def serve(args) -> int:
+    from nanoserve.engine.llm import LLM
+    from nanoserve.serve.api_server import serve as serve_http
+
+    check_device(args.device)
+    llm = LLM(args.model, dtype=args.dtype, max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
+              max_num_batched_tokens=args.max_num_batched_tokens, block_size=args.block_size,
+              enable_prefix_caching=args.enable_prefix_caching, enable_chunked_prefill=args.enable_chunked_prefill,
+              enforce_eager=True if args.enforce_eager else None, tensor_parallel_size=args.tensor_parallel_size,
+              gpu_memory_utilization=args.gpu_memory_utilization, num_gpu_blocks_override=args.num_gpu_blocks_override,
+              seed=args.seed, device=args.device)
+    serve_http(llm, args.served_model_name or args.model, args.host, args.port, args.max_waiting_requests,
+               args.api_key)
+    return 0
+
+
 def run(args) -> int:
     import torch
 
@@ -165,6 +234,12 @@ def run(args) -> int:
 
         return bench_main(args.model, not args.no_baseline, args.out, args.num_seqs, args.profile, args.ladder,
                           args.tensor_parallel_size)
+    if args.command == "serve":
+        return serve(args)
+    if args.command == "bench-serve":
+        from nanoserve.serve.benchmark import main as bench_serve_main
+
+        return bench_serve_main(args)
     if args.command == "prepare":
         from nanoserve.model.zoo import resolve_model
 
