@@ -17,6 +17,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -49,21 +50,23 @@ def transformers_commands(model_dir: str, port: int) -> list[list[str]]:
 class Server:
     """A server process, its log in a file, stopped (SIGTERM, then SIGKILL) on exit."""
 
-    def __init__(self, command: list[str], port: int, log: Path):
+    def __init__(self, command: list[str], port: int, log: Path, env: dict | None = None):
         self.command, self.url, self.log_path = command, f"http://127.0.0.1:{port}", log
         self.log = open(log, "w")
-        self.proc = subprocess.Popen(command, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
+        self.proc = subprocess.Popen(command, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True,
+                                     env={**os.environ, **(env or {})})
 
-    def wait_ready(self, seconds: float) -> str:
-        """The served model's id, once /v1/models answers; raises if the process dies or time runs out."""
+    def wait_ready(self, seconds: float, model_id: str | None = None) -> str:
+        """The served model's id (model_id if given), once /v1/models answers; raises if the process dies or
+        time runs out."""
         deadline = time.monotonic() + seconds
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"exited with {self.proc.returncode}: {self.tail()}")
             try:
                 reply = httpx.get(f"{self.url}/v1/models", timeout=5)
-                if reply.status_code == 200 and reply.json().get("data"):
-                    return reply.json()["data"][0]["id"]
+                if reply.status_code == 200 and (model_id or reply.json().get("data")):
+                    return model_id or reply.json()["data"][0]["id"]
             except httpx.HTTPError:
                 pass
             time.sleep(1)
@@ -141,10 +144,14 @@ def main() -> None:
             port = free_port()
             attempts = transformers_commands(model_dir, port)
             extra = {"temperature": 0.6}  # it refuses unknown fields (ignore_eos) and ignores stream_options
+        # transformers serve lists models by scanning the Hugging Face cache, and answers 500 where that folder
+        # does not exist (as on a fresh GPU machine, 2026-11-30): give it an empty one. Its model is the forced one.
+        env = {} if name == "nanoserve" else {"HF_HUB_CACHE": tempfile.mkdtemp(prefix="hf-hub-")}
+        expected = None if name == "nanoserve" else model_dir
         for i, command in enumerate(attempts):
-            server = Server(command, port, out / f"{name}_{i}.log")
+            server = Server(command, port, out / f"{name}_{i}.log", env)
             try:
-                model_id = server.wait_ready(300)
+                model_id = server.wait_ready(300, expected)
                 print(f"{name}: {' '.join(command)} serves {model_id}", flush=True)
                 start = time.perf_counter()
                 result["servers"][name] = {"command": command, "runs": bench(server, model_id, requests, rates,
