@@ -21,6 +21,7 @@ PAYOFFS = {
     "05_scheduler": ["engine = LLMEngine(tiny", "outs = llm.generate(prompts, skewed", "answer = llm.chat(",
                      "side_by_side[name] ="],
     "06_cuda_graphs": ["with LessonLLM(\"tiny-qwen3\"", "with AsyncLessonLLM(\"tiny-qwen3\""],
+    "07_tensor_parallel": ["with LessonLLM(\"tiny-qwen3\""],
     "08_serving": ["reply = client.completions.create(", "with httpx.stream(\"POST\"", "await load_with_view()",
                    "leaving = client.completions.create(", "summary = await run_at_rate("],
 }

@@ -21,6 +21,7 @@ from nanoserve.engine.llm_engine import LLMEngine
 from nanoserve.engine.overlap import OverlappedLLMEngine, OverlappedModelRunner
 from nanoserve.engine.sampling_params import SamplingParams
 from nanoserve.engine.sequence import Sequence, SequenceStatus
+from nanoserve.engine.tp_workers import TPWorkers
 from nanoserve.model.config import ModelConfig
 from nanoserve.model.qwen3_fused import FusedQwen3ForCausalLM
 
@@ -165,6 +166,7 @@ class LLMSetup:
     graph_runner_cls = GraphModelRunner  # lesson 06: CUDA graphs
     fused_sampler_cls = FusedSampler  # lesson 06
     overlapped_engine_cls, overlapped_runner_cls = OverlappedLLMEngine, OverlappedModelRunner  # lesson 06: async
+    tp_workers_cls = TPWorkers  # lesson 07: tensor_parallel_size > 1
 
     def __init__(self, model: str | None = None, dtype="auto", max_model_len: int = 4096, max_num_seqs: int = 256,
                  max_num_batched_tokens: int = 8192, block_size: int = 16, enable_prefix_caching: bool = True,
@@ -201,10 +203,8 @@ class LLMSetup:
         self.tokenizer = load_tokenizer(path)
         self.workers = None  # lesson 07's tensor parallelism: the processes of ranks 1.., and their slices
         if tensor_parallel_size > 1:
-            from nanoserve.engine.tp_workers import TPWorkers
-
-            self.workers = TPWorkers(path, resolve_dtype(dtype, path, device), device, tensor_parallel_size,
-                                     compiled=not self.enforce_eager)
+            self.workers = self.tp_workers_cls(path, resolve_dtype(dtype, path, device), device, tensor_parallel_size,
+                                               compiled=not self.enforce_eager)
             self.model = self.workers.model  # rank 0's slice
         else:
             self.model = load_model(path, dtype=resolve_dtype(dtype, path, device), device=device, **model_args)
