@@ -33,6 +33,7 @@ def unfinished_exercises(namespace: dict) -> dict[str, str]:
         members = vars(value).items() if inspect.isclass(value) else [(None, value)]
         for member, obj in members:
             obj = obj.fget if isinstance(obj, property) else getattr(obj, "__func__", obj)
+            obj = inspect.unwrap(obj) if callable(obj) else obj  # under a decorator (@torch.inference_mode())
             code = getattr(obj, "__code__", None)
             for number in _stub_exercises(code) if code else ():
                 found.setdefault(number, f"{name}.{member}" if member else name)
