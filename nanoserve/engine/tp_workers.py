@@ -342,7 +342,7 @@ class TPWorkers:
         for conn in self.conns:  # a worker that failed (rather than was killed) said why before exiting
             try:
                 message = conn.recv() if conn.poll() else None
-            except EOFError:  # closed without a word: killed
+            except (EOFError, OSError):  # closed without a word (a reset, on a kill): killed
                 message = None
             if message is not None and message[0] == "error":
                 reason += f"; its error:\n{message[1]}"
