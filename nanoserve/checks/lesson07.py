@@ -7,6 +7,7 @@ included. Where `fork` does not exist (Windows), the checks say so instead of ru
 import multiprocessing as mp
 import multiprocessing.connection
 import os
+import pickle
 import tempfile
 import time
 import traceback
@@ -21,12 +22,18 @@ def _rank_main(rank: int, size: int, init_file: str, conn, fn, args) -> None:
     torch.set_num_threads(1)  # the ranks share the CPU's cores
     try:
         dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=size)
-        conn.send(("ok", fn(rank, size, *args)))
+        reply = ("ok", fn(rank, size, *args))
     except BaseException as e:
-        conn.send(("error", e, traceback.format_exc()))
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        reply = ("error", e, traceback.format_exc())
+    # Plain pickle, by value: the pipe's own pickler would hand tensors over as shared memory that this
+    # process must still be alive to serve, and it exits right after.
+    try:
+        data = pickle.dumps(reply)
+    except Exception:  # an exception or result that does not pickle: its text still does
+        data = pickle.dumps(("error", RuntimeError(repr(reply[1])), reply[2] if len(reply) > 2 else ""))
+    conn.send_bytes(data)
+    if dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def run_on_ranks(fn, *args, size: int = 2) -> list:
@@ -56,8 +63,8 @@ def run_on_ranks(fn, *args, size: int = 2) -> list:
             for conn in ready:
                 rank = pending.pop(conn)
                 try:
-                    reply = conn.recv()
-                except EOFError:  # it died without a word (a crash)
+                    reply = pickle.loads(conn.recv_bytes())
+                except (EOFError, OSError):  # it died without a word (a crash)
                     reply = ("error", RuntimeError(f"rank {rank} died (exit code {procs[rank].exitcode})"), "")
                 if reply[0] == "error":
                     failure = failure or (reply[1], f"on rank {rank}:\n{reply[2]}")
