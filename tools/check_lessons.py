@@ -10,12 +10,12 @@ lesson cannot touch the next), the notebook's `#| export` code cells -- the code
 lesson's modules -- run in order in one namespace, and then every exercise of the lesson runs its check
 from nanoserve.checks.lessonNN.EXERCISES (the same table the test suite runs on the engine's code).
 
-Which code a check sees: later cells of a lesson import the engine's version of a few of the lesson's own
-names (lesson 02 imports the engine's decode_attention into the cache's module, lesson 06's last section the
-engine's GraphModelRunner). So a name that the notebook's own code defines (def, class, assignment) keeps
-the learner's definition for the checks even when a later cell imports the engine's one over it; the
-learner's functions still see their module globals as the notebook left them, exactly as they do in
-Jupyter. No list of cells to skip is needed, so a lesson that grows a section needs nothing here.
+Which code a check sees: the solution notebooks never import a name their own lesson defines (tools/export.py
+refuses it), but a learner's notebook may (say, the engine's decode_attention over their own). So a name
+that the notebook's own code defines (def, class, assignment) keeps the learner's definition for the checks
+even when a later cell imports the engine's one over it; the learner's functions still see their module
+globals as the notebook left them, exactly as they do in Jupyter. No list of cells to skip is needed, so a
+lesson that grows a section needs nothing here.
 
 It prints a table lesson x exercise -> pass/fail with the first failure's message, and exits 1 if anything
 failed (an exercise, a cell that raises, a notebook that does not parse, a lesson that timed out), else 0.
@@ -36,10 +36,10 @@ import traceback
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from export import TOP_LEVEL_NAME, top_level_names  # noqa: E402
 TIMEOUT = 300  # seconds per lesson; each takes well under two minutes on a laptop CPU
 WIDTH = 100  # a message longer than this is cut
-# def/class/assignment at the start of a line: the names a cell that does not parse was meant to define
-TOP_LEVEL_NAME = re.compile(r"^(?:async\s+def|def|class)\s+(\w+)|^(\w+)\s*(?::[^=]*)?=(?!=)", re.M)
 
 
 # ------------------------------------------------------------------ the worker: one lesson, one process
@@ -52,28 +52,6 @@ def is_export_cell(source: str) -> bool:
         if (line[2:].split() or [""])[0] == "export":
             return True
     return False
-
-
-def defined_names(tree: ast.Module) -> set[str]:
-    """Names the cell's own code binds at module level: def, class, assignment (imports excluded)."""
-    names = set()
-
-    def visit(body):
-        for node in body:
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-                names.add(node.name)
-            elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
-                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-                for target in targets:
-                    names.update(n.id for n in ast.walk(target) if isinstance(n, ast.Name))
-            elif isinstance(node, (ast.If, ast.Try, ast.With, ast.For, ast.While)):
-                for field in ("body", "orelse", "finalbody"):
-                    visit(getattr(node, field, []))
-                for handler in getattr(node, "handlers", []):
-                    visit(handler.body)
-
-    visit(tree.body)
-    return names
 
 
 def first_line(text: str) -> str:
@@ -150,7 +128,7 @@ def run_lesson(path: Path) -> list[list]:
             broken.append(f"{label}, line {e.lineno}: SyntaxError: {e.msg}")
             own |= {a or b for a, b in TOP_LEVEL_NAME.findall(source)}  # what it would define, by eye
             continue
-        names = defined_names(tree)
+        names = top_level_names(tree)
         own |= names
         before = {name: ns.get(name, ns) for name in names}  # ns itself marks "unbound"
         try:

@@ -60,6 +60,24 @@ def weight_files(path: Path) -> dict[str, Path]:
     return names
 
 
+def files_to_read(path: Path, names, tied: bool) -> dict[Path, list[str]]:
+    """The checkpoint's tensors that a model loads (`names`), grouped by the file that holds them. A tensor
+    the model needs and the checkpoint lacks is an error, and so is one the model does not use (tied: the
+    LM head is the embedding, so a checkpoint need not carry lm_head.weight)."""
+    where = weight_files(path)
+    expected = {n for n in names if not (tied and n == "lm_head.weight")}
+    missing = sorted(expected - where.keys())
+    if missing:
+        raise ValueError(f"{path}: checkpoint lacks {len(missing)} tensors, e.g. {missing[:3]}")
+    unexpected = sorted(n for n in where if n not in names and not n.endswith(IGNORED_SUFFIXES))
+    if unexpected:
+        raise ValueError(f"{path}: checkpoint has tensors this model does not use, e.g. {unexpected[:3]}")
+    by_file: dict[Path, list[str]] = {}
+    for name in sorted(n for n in where if n in names):
+        by_file.setdefault(where[name], []).append(name)
+    return by_file
+
+
 def load_model(path, dtype: torch.dtype | None = None, device=None, model_cls=Qwen3ForCausalLM,
                **model_args) -> Qwen3ForCausalLM:
     """The model (model_cls: lesson 06 passes its fused model) with the checkpoint's weights, in eval mode."""
@@ -77,18 +95,7 @@ def load_model(path, dtype: torch.dtype | None = None, device=None, model_cls=Qw
         model.lm_head.weight = model.model.embed_tokens.weight
     params = model.checkpoint_tensors()  # checkpoint name -> the tensor it fills
 
-    where = weight_files(path)
-    expected = {n for n in params if not (config.tie_word_embeddings and n == "lm_head.weight")}
-    missing = sorted(expected - where.keys())
-    if missing:
-        raise ValueError(f"{path}: checkpoint lacks {len(missing)} tensors, e.g. {missing[:3]}")
-    unexpected = sorted(n for n in where if n not in params and not n.endswith(IGNORED_SUFFIXES))
-    if unexpected:
-        raise ValueError(f"{path}: checkpoint has tensors this model does not use, e.g. {unexpected[:3]}")
-
-    by_file: dict[Path, list[str]] = {}
-    for name in sorted(n for n in where if n in params):
-        by_file.setdefault(where[name], []).append(name)
+    by_file = files_to_read(path, params, config.tie_word_embeddings)
     total = sum(len(names) for names in by_file.values())
     bar = tqdm(total=total, desc=f"loading {path.name}", unit="tensor", disable=total < 1000)
     with torch.no_grad():

@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from nanoserve.model.config import ModelConfig
-from nanoserve.model.loader import IGNORED_SUFFIXES, open_weights, weight_files
+from nanoserve.model.loader import files_to_read, open_weights
 from nanoserve.model.qwen3_fused import FusedQwen3ForCausalLM
 from nanoserve.model.tp_layers import ParallelLMHead, RowParallelLinear, TPGroup, VocabParallelEmbedding, vocab_shard
 
@@ -103,17 +103,7 @@ def load_tp_model(path, group: TPGroup, dtype: torch.dtype, device, compiled: bo
     if config.tie_word_embeddings:  # to_empty breaks the sharing; tie again
         model.lm_head.weight = model.model.embed_tokens.weight
     slices = model.checkpoint_slices()
-    where = weight_files(path)
-    expected = {n for n in slices if not (config.tie_word_embeddings and n == "lm_head.weight")}
-    missing = sorted(expected - where.keys())
-    if missing:
-        raise ValueError(f"{path}: checkpoint lacks {len(missing)} tensors, e.g. {missing[:3]}")
-    unexpected = sorted(n for n in where if n not in slices and not n.endswith(IGNORED_SUFFIXES))
-    if unexpected:
-        raise ValueError(f"{path}: checkpoint has tensors this model does not use, e.g. {unexpected[:3]}")
-    by_file: dict[Path, list[str]] = {}
-    for name in sorted(expected):
-        by_file.setdefault(where[name], []).append(name)
+    by_file = files_to_read(path, slices, config.tie_word_embeddings)  # lesson 01's checks of the names
     with torch.no_grad():
         for file, names in by_file.items():
             with open_weights(file) as f:
