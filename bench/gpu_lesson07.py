@@ -1,22 +1,27 @@
 """Lesson 07 on two GPUs: tensor parallelism. In one invocation, each phase printing as it goes and
 saving its results to OUT_DIR/lesson07.json before the next starts:
 
-  prepare   build qwen3-8b-random (16 GB, four shards) and time it; the other models too
-  parity    TP=2 vs TP=1 greedy tokens in fp32 (tiny-qwen3; 4 layers of the 0.6B shapes), under
-            chunked prefill and preemption, at default settings (graphs, async); bf16 agreement on
-            qwen3-0.6b-random: per prompt, tokens agreeing before the first divergence, of 32
-  bench8b   `nanoserve bench`'s workload on qwen3-8b-random, TP=1 and TP=2, each in a fresh process
-            (their batch-1 decode tok/s come with them)
-  bench06   the same for qwen3-0.6b-random (256 requests)
-  split     one 8B TP=2 decode step: its time (batch 1 and 64) against the time of its collectives
-            alone (73 all-reduces of [batch, 4096] bf16 and the logits' all-gather, replayed in a
-            CUDA graph on two fresh ranks)
+  prepare    build qwen3-8b-random (16 GB, four shards) and time it; the other models too
+  allreduce  NCCL's all-reduce against the one-shot all-reduce (OneShotTPGroup) on two fresh ranks: the
+             same sums? and µs per all-reduce, replayed in a CUDA graph, from 8 KB to 8 MB
+  parity     TP=2 vs TP=1 greedy tokens in fp32 (tiny-qwen3; 4 layers of the 0.6B shapes), under
+             chunked prefill and preemption, at default settings (graphs, async); bf16 agreement on
+             qwen3-0.6b-random: per prompt, tokens agreeing before the first divergence, of 32.
+             Every engine runs in a process of its own (bench/tp_tokens.py) under a time limit.
+  kill       SIGKILL a worker of a TP=2 engine in the middle of generate: how long until rank 0 raises
+  bench8b    `nanoserve bench`'s workload on qwen3-8b-random, TP=1, TP=2 and TP=2 with NCCL only, each in
+             a fresh process (their batch-1 decode tok/s come with them)
+  bench06    the same for qwen3-0.6b-random (256 requests)
+  split      one 8B TP=2 decode step (batch 1 and 64), one-shot and NCCL-only, against the time of its
+             collectives alone (73 all-reduces of [batch, 4096] bf16 and the logits' all-gather, replayed
+             in a CUDA graph on two fresh ranks)
 
 Run on a machine with 2 GPUs:  python bench/gpu_lesson07.py OUT_DIR [--num-requests 128] [--phases ...]
 """
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -33,6 +38,7 @@ import torch.multiprocessing as mp  # noqa: E402
 
 from nanoserve.engine.llm import LLM  # noqa: E402
 from nanoserve.engine.sampling_params import SamplingParams  # noqa: E402
+from nanoserve.model.tp_layers import OneShotTPGroup  # noqa: E402
 from nanoserve.model.zoo import build_qwen3_0_6b_random, resolve_model  # noqa: E402
 
 BIG = "qwen3-8b-random"
@@ -53,23 +59,6 @@ def prepare(result, args):
         say(f"prepare {name}: {out[name]['seconds']:.1f} s, {out[name]['files']}")
 
 
-def parity_requests(num=24):
-    gen = torch.Generator().manual_seed(0)
-    prefix = torch.randint(0, 10000, (40,), generator=gen).tolist()  # shared: prefix caching hits
-    prompts = [(prefix if i % 2 else []) + torch.randint(0, 10000, (int(n),), generator=gen).tolist()
-               for i, n in enumerate(torch.randint(1, 300, (num,), generator=gen))]
-    return prompts, SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
-
-
-def tokens(model, prompts, params, **kw):
-    start = time.perf_counter()
-    with LLM(str(model), **kw) as llm:
-        out = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
-        engine = llm.engine
-    return out, {"seconds": time.perf_counter() - start, "preemptions": engine.stats.preemptions,
-                 "steps_ahead": getattr(engine, "steps_ahead", None)}
-
-
 def agree(a, b):
     n = 0
     while n < min(len(a), len(b)) and a[n] == b[n]:
@@ -77,36 +66,88 @@ def agree(a, b):
     return n
 
 
+def engine_tokens(model, tp, dtype, tight, limit=200):
+    """bench/tp_tokens.py in a process of its own session: its tokens, or why there are none. On a hang
+    every process of it (the engine's workers too) prints its Python stacks before it is killed."""
+    out = Path(tempfile.gettempdir()) / f"tokens-{Path(str(model)).name}-tp{tp}-{dtype}{'-tight' if tight else ''}.json"
+    cmd = [sys.executable, str(Path(__file__).with_name("tp_tokens.py")), str(model), str(tp), dtype, str(out),
+           "--limit", str(limit)] + (["--tight"] if tight else [])
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True, env={**os.environ, "PYTHONFAULTHANDLER": "1"})
+    try:
+        log, _ = proc.communicate(timeout=limit + 20)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGABRT)  # faulthandler: every process prints its stacks
+        time.sleep(3)
+        os.killpg(proc.pid, signal.SIGKILL)
+        log, _ = proc.communicate()
+    say(f"  {' '.join(cmd[2:6])}: exit {proc.returncode}; {log.strip().splitlines()[-1:] if log.strip() else ''}")
+    if proc.returncode == 0 and out.is_file():
+        return json.loads(out.read_text())
+    return {"error": f"exit status {proc.returncode}", "log_tail": log[-6000:]}
+
+
 def parity(result, args):
     out = result["parity"] = {}
-    prompts, params = parity_requests()
     four_layers = Path(tempfile.mkdtemp(prefix="qwen3-0.6b-4layers-"))
     build_qwen3_0_6b_random(four_layers, num_hidden_layers=4)
     # fp32, default switches (graphs, fused ops, async), small pools: chunked prefill and preemption
-    tight = dict(dtype=torch.float32, max_model_len=1024, max_num_seqs=16, max_num_batched_tokens=256,
-                 num_gpu_blocks_override=120)
-    for name, model in (("tiny-qwen3 fp32", "tiny-qwen3"), ("0.6B shapes, 4 layers, fp32", four_layers)):
-        want, info1 = tokens(model, prompts, params, **tight)
-        got, info2 = tokens(model, prompts, params, tensor_parallel_size=2, **tight)
-        out[name] = {"equal_requests": sum(a == b for a, b in zip(want, got)), "of": len(prompts),
-                     "agree_before_divergence": [agree(a, b) for a, b in zip(want, got)], "tp1": info1, "tp2": info2}
-        say(f"parity {name}: {out[name]['equal_requests']}/{len(prompts)} requests equal; TP=1 {info1}, TP=2 {info2}")
+    cases = (("tiny-qwen3 fp32", "tiny-qwen3", "float32", True),
+             ("0.6B shapes, 4 layers, fp32", four_layers, "float32", True),
+             ("qwen3-0.6b-random bf16", SMALL, "bfloat16", False))
+    for name, model, dtype, tight in cases:
+        one = engine_tokens(model, 1, dtype, tight)
+        two = engine_tokens(model, 2, dtype, tight)
+        found = out[name] = {"tp1": {k: v for k, v in one.items() if k != "tokens"},
+                             "tp2": {k: v for k, v in two.items() if k != "tokens"}}
+        if "tokens" in one and "tokens" in two:
+            agreeing = [agree(a, b) for a, b in zip(one["tokens"], two["tokens"])]
+            found.update(equal_requests=sum(a == b for a, b in zip(one["tokens"], two["tokens"])),
+                         of=len(agreeing), agree_before_divergence=agreeing, mean_agreeing=sum(agreeing) / len(agreeing))
+        say(f"parity {name}: {found.get('equal_requests')}/{found.get('of')} requests equal; agreeing tokens "
+            f"{found.get('agree_before_divergence')}")
         result_saved(result, args)
-    bf16 = dict(dtype=torch.bfloat16, max_model_len=1024, max_num_seqs=16)
-    want, _ = tokens(SMALL, prompts, params, **bf16)
-    got, _ = tokens(SMALL, prompts, params, tensor_parallel_size=2, **bf16)
-    agreeing = [agree(a, b) for a, b in zip(want, got)]
-    out["qwen3-0.6b-random bf16"] = {"agree_before_divergence": agreeing, "of": 32,
-                                     "mean": sum(agreeing) / len(agreeing),
-                                     "all_32": sum(n == 32 for n in agreeing), "prompts": len(prompts)}
-    say(f"parity bf16 0.6B: {out['qwen3-0.6b-random bf16']}")
 
 
-def bench_process(model, tp, num_requests, out_dir, timeout):
+def kill(result, args):
+    """A worker SIGKILLed in the middle of a TP=2 generate on GPUs: rank 0 must raise, naming it, in seconds."""
+    code = """
+import os, signal, sys, threading, time
+from nanoserve.engine.llm import LLM
+from nanoserve.engine.sampling_params import SamplingParams
+llm = LLM("tiny-qwen3", tensor_parallel_size=2, max_model_len=1024)
+pid = llm.workers.procs[0].pid
+killed = []
+threading.Timer(3.0, lambda: (killed.append(time.monotonic()), os.kill(pid, signal.SIGKILL))).start()
+try:
+    llm.generate([[1, 2, 3]] * 64, SamplingParams(max_tokens=900, ignore_eos=True), use_tqdm=False)
+    print("RESULT no error", flush=True)
+except RuntimeError as e:
+    print(f"RESULT raised after {time.monotonic() - killed[0]:.2f} s: {str(e).splitlines()[0]}", flush=True)
+"""
+    start = time.perf_counter()
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True, env={**os.environ, "PYTHONFAULTHANDLER": "1"})
+    try:
+        log, _ = proc.communicate(timeout=90)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGABRT)
+        time.sleep(3)
+        os.killpg(proc.pid, signal.SIGKILL)
+        log, _ = proc.communicate()
+    lines = [line for line in log.splitlines() if line.startswith("RESULT")]
+    result["kill"] = {"result": lines[-1] if lines else None, "exit": proc.returncode,
+                      "process_seconds": time.perf_counter() - start, "log_tail": log[-3000:]}
+    say(f"kill: {result['kill']['result']}; the process exited with {proc.returncode} after "
+        f"{result['kill']['process_seconds']:.0f} s")
+
+
+def bench_process(model, tp, num_requests, out_dir, timeout, nccl_only=False):
     """`nanoserve bench` in a fresh process; its JSON, or why there is none."""
-    out = Path(out_dir) / f"bench-{model}-tp{tp}.json"
+    out = Path(out_dir) / f"bench-{model}-tp{tp}{'-nccl' if nccl_only else ''}.json"
     cmd = [sys.executable, "-m", "nanoserve.cli", "bench", "--model", model, "--num-seqs", str(num_requests),
            "--no-baseline", "--out", str(out), "--tensor-parallel-size", str(tp)]
+    cmd += ["--disable-custom-all-reduce"] if nccl_only else []
     say("running", " ".join(cmd))
     start = time.perf_counter()
     try:
@@ -123,22 +164,24 @@ def bench_process(model, tp, num_requests, out_dir, timeout):
     return found
 
 
-def bench_pair(result, args, key, model, num_requests, timeout):
+def bench_pair(result, args, key, model, num_requests, timeout, nccl_too=False):
     out = result[key] = {}
-    for tp in (1, 2):
-        out[f"tp{tp}"] = bench_process(model, tp, num_requests, args.out_dir, timeout)
+    variants = [("tp1", 1, False), ("tp2", 2, False)] + ([("tp2_nccl", 2, True)] if nccl_too else [])
+    for name, tp, nccl_only in variants:
+        out[name] = bench_process(model, tp, num_requests, args.out_dir, timeout, nccl_only)
         result_saved(result, args)
-    try:
-        w1, w2 = out["tp1"]["nanoserve"], out["tp2"]["nanoserve"]
-        out["throughput_tp2_over_tp1"] = w2["tok_per_s"] / w1["tok_per_s"]
-        out["bs1_tok_per_s"] = {"tp1": out["tp1"]["bs1"]["tok_per_s"], "tp2": out["tp2"]["bs1"]["tok_per_s"]}
-        say(f"{key}: TP=2/TP=1 throughput {out['throughput_tp2_over_tp1']:.2f}x; batch 1 {out['bs1_tok_per_s']}")
-    except KeyError:
-        say(f"{key}: a run failed, see its stderr_tail")
+    for name, _, _ in variants[1:]:
+        try:
+            w1, w2 = out["tp1"]["nanoserve"], out[name]["nanoserve"]
+            out[f"throughput_{name}_over_tp1"] = w2["tok_per_s"] / w1["tok_per_s"]
+            out.setdefault("bs1_tok_per_s", {"tp1": out["tp1"]["bs1"]["tok_per_s"]})[name] = out[name]["bs1"]["tok_per_s"]
+            say(f"{key}: {name}/TP=1 throughput {out[f'throughput_{name}_over_tp1']:.2f}x; batch 1 {out['bs1_tok_per_s']}")
+        except KeyError:
+            say(f"{key}: a run failed, see its stderr_tail")
 
 
 def bench8b(result, args):
-    bench_pair(result, args, "bench_8b", BIG, args.num_requests, timeout=240)
+    bench_pair(result, args, "bench_8b", BIG, args.num_requests, timeout=240, nccl_too=True)
 
 
 def bench06(result, args):
@@ -165,65 +208,113 @@ def decode_step_ms(llm, batch: int, steps: int = 30) -> float:
     return ms
 
 
-def comm_rank(rank, port, shapes, queue):
-    """One of two fresh ranks: replay a decode step's collectives alone (73 all-reduces of [batch,
-    hidden] and one all-gather of [batch, vocab / 2]) in a CUDA graph, as the engine replays them."""
+class WideOneShot(OneShotTPGroup):
+    max_bytes = 8 << 20  # wide enough to time the one-shot kernel past the engine's cut-off
+
+
+def graph_us(fn, calls: int, replays: int = 50) -> float:
+    """µs per call of fn, recorded `calls` times in one CUDA graph and replayed (no launch cost)."""
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        fn()  # warm-up, outside the graph
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            fn()
+    torch.cuda.synchronize()
+    dist.barrier()
+    start = time.perf_counter()
+    for _ in range(replays):
+        graph.replay()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - start) * 1e6 / (replays * calls)
+
+
+def join_fresh_rank(rank, port):
     torch.cuda.set_device(rank)
     store = dist.TCPStore("127.0.0.1", port, is_master=False)  # the parent holds the store
     dist.init_process_group("nccl", store=store, rank=rank, world_size=2, device_id=torch.device("cuda", rank))
+    return WideOneShot(rank, 2, torch.bfloat16, torch.device("cuda", rank))
+
+
+def allreduce_rank(rank, port, sizes, queue):
+    """One of two fresh ranks: NCCL's all-reduce and the one-shot one, at each message size."""
+    group = join_fresh_rank(rank, port)
     found = {}
-    for batch, hidden, layers, vocab_half in shapes:
-        x = torch.randn(batch, hidden, device="cuda", dtype=torch.bfloat16)
-        logits = torch.randn(batch, vocab_half, device="cuda", dtype=torch.bfloat16)
-        parts = [torch.empty_like(logits) for _ in range(2)]
-
-        def collectives():
-            for _ in range(2 * layers + 1):  # o_proj and down_proj of every layer, and the embedding
-                dist.all_reduce(x)
-            dist.all_gather(parts, logits)
-
-        stream = torch.cuda.Stream()
-        with torch.cuda.stream(stream):
-            collectives()  # warm-up, outside the graph
-        torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            collectives()
-        torch.cuda.synchronize()
-        dist.barrier()
-        start = time.perf_counter()
-        for _ in range(50):
-            graph.replay()
-        torch.cuda.synchronize()
-        found[batch] = (time.perf_counter() - start) * 1000 / 50
+    for nbytes in sizes:
+        gen = torch.Generator(device="cuda").manual_seed(rank)
+        x = torch.randn(nbytes // 8192, 4096, device="cuda", dtype=torch.bfloat16, generator=gen)
+        want = x.clone()
+        dist.all_reduce(want)
+        got = group.all_reduce(x.clone())
+        found[nbytes] = {"same_bits_as_nccl": bool(torch.equal(want, got)),
+                         "max_abs_diff": (want.float() - got.float()).abs().max().item(),
+                         "nccl_us": graph_us(lambda: dist.all_reduce(x), 20),
+                         "one_shot_us": graph_us(lambda: group.all_reduce(x), 20)}
     if rank == 0:
         queue.put(found)
     dist.destroy_process_group()
 
 
-def split(result, args):
-    out = result["split_8b_tp2"] = {}
-    batches = (1, 64)
-    with LLM(BIG, tensor_parallel_size=2, max_model_len=1024, max_num_seqs=64, async_scheduling=False) as llm:
-        for b in batches:
-            out[f"step_ms_batch{b}"] = decode_step_ms(llm, b)
-            say(f"8B TP=2 decode step at batch {b}: {out[f'step_ms_batch{b}']:.2f} ms")
+def comm_rank(rank, port, shapes, queue):
+    """One of two fresh ranks: replay a decode step's collectives alone (73 all-reduces of [batch,
+    hidden] and one all-gather of [batch, vocab / 2]) in a CUDA graph, as the engine replays them;
+    with NCCL's all-reduce and with the one-shot one."""
+    group = join_fresh_rank(rank, port)
+    found = {}
+    for batch, hidden, layers, vocab_half in shapes:
+        x = torch.randn(batch, hidden, device="cuda", dtype=torch.bfloat16)
+        logits = torch.randn(batch, vocab_half, device="cuda", dtype=torch.bfloat16)
+        parts = [torch.empty_like(logits) for _ in range(2)]
+        for name, all_reduce in (("nccl", dist.all_reduce), ("one_shot", group.all_reduce)):
+            def collectives():
+                for _ in range(2 * layers + 1):  # o_proj and down_proj of every layer, and the embedding
+                    all_reduce(x)
+                dist.all_gather(parts, logits)
+            found[f"{name}_batch{batch}"] = graph_us(collectives, 1) / 1000  # ms per step's collectives
+    if rank == 0:
+        queue.put(found)
+    dist.destroy_process_group()
+
+
+def on_two_fresh_ranks(target, *args):
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)  # any free port
-    port = store.port
-    shapes = [(b, 4096, 36, 151936 // 2) for b in batches]
-    procs = [ctx.Process(target=comm_rank, args=(r, port, shapes, queue)) for r in range(2)]
+    procs = [ctx.Process(target=target, args=(r, store.port, *args, queue)) for r in range(2)]
     for p in procs:
         p.start()
-    comm = queue.get(timeout=180)
+    found = queue.get(timeout=180)
     for p in procs:
         p.join(30)
-    for b in batches:
-        step, c = out[f"step_ms_batch{b}"], comm[b]
-        out[f"batch{b}"] = {"step_ms": step, "collectives_ms": c, "compute_and_rest_ms": step - c,
-                            "collectives_share": c / step}
-        say(f"batch {b}: step {step:.2f} ms, collectives alone {c:.3f} ms ({c / step:.0%})")
+    return found
+
+
+def allreduce(result, args):
+    sizes = [8 << 10, 64 << 10, 512 << 10, 1 << 20, 2 << 20, 8 << 20]
+    found = result["allreduce"] = on_two_fresh_ranks(allreduce_rank, sizes)
+    for nbytes, f in found.items():
+        say(f"all-reduce of {nbytes / 1024:.0f} KiB bf16: NCCL {f['nccl_us']:.1f} µs, one-shot {f['one_shot_us']:.1f} µs;"
+            f" same bits as NCCL: {f['same_bits_as_nccl']} (max diff {f['max_abs_diff']:.3g})")
+
+
+def split(result, args):
+    out = result["split_8b_tp2"] = {}
+    batches = (1, 64)
+    for name, nccl_only in (("one_shot", False), ("nccl", True)):
+        with LLM(BIG, tensor_parallel_size=2, max_model_len=1024, max_num_seqs=64, async_scheduling=False,
+                 disable_custom_all_reduce=nccl_only) as llm:
+            for b in batches:
+                out[f"{name}_step_ms_batch{b}"] = decode_step_ms(llm, b)
+                say(f"8B TP=2 ({name}) decode step at batch {b}: {out[f'{name}_step_ms_batch{b}']:.2f} ms")
+    comm = on_two_fresh_ranks(comm_rank, [(b, 4096, 36, 151936 // 2) for b in batches])
+    for name in ("one_shot", "nccl"):
+        for b in batches:
+            step, c = out[f"{name}_step_ms_batch{b}"], comm[f"{name}_batch{b}"]
+            out[f"{name}_batch{b}"] = {"step_ms": step, "collectives_ms": c, "compute_and_rest_ms": step - c,
+                                       "collectives_share": c / step}
+            say(f"{name}, batch {b}: step {step:.2f} ms, collectives alone {c:.3f} ms ({c / step:.0%})")
 
 
 def result_saved(result, args):
@@ -231,7 +322,8 @@ def result_saved(result, args):
         json.dump(result, f, indent=1, default=str)
 
 
-PHASES = {"prepare": prepare, "parity": parity, "bench8b": bench8b, "bench06": bench06, "split": split}
+PHASES = {"prepare": prepare, "allreduce": allreduce, "parity": parity, "kill": kill, "bench8b": bench8b,
+          "bench06": bench06, "split": split}
 
 
 def main():

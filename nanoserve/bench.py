@@ -18,8 +18,10 @@ from nanoserve.engine.sampling_params import SamplingParams
 
 def workload(num_seqs: int = 256, max_input_len: int = 1024, max_output_len: int = 1024, seed: int = 0):
     random.seed(seed)
-    prompts = [[random.randint(0, 10000) for _ in range(random.randint(100, max_input_len))] for _ in range(num_seqs)]
-    max_tokens = [random.randint(100, max_output_len) for _ in range(num_seqs)]
+    shortest_in, shortest_out = min(100, max_input_len), min(100, max_output_len)  # 100: nano-vllm's; less if asked
+    prompts = [[random.randint(0, 10000) for _ in range(random.randint(shortest_in, max_input_len))]
+               for _ in range(num_seqs)]
+    max_tokens = [random.randint(shortest_out, max_output_len) for _ in range(num_seqs)]
     return prompts, max_tokens
 
 
@@ -225,7 +227,7 @@ def profile_decode(llm, prompts, num_steps: int = 20) -> dict:
 
 
 def main(model: str, baseline: bool, out: str | None, num_seqs: int, profile: bool = False,
-         ladder: bool = False, tensor_parallel_size: int = 1) -> int:
+         ladder: bool = False, tensor_parallel_size: int = 1, disable_custom_all_reduce: bool = False) -> int:
     if not torch.cuda.is_available() and num_seqs == 256:
         print("nanoserve: bench measures a GPU; on a CPU the full workload would take hours "
               "(try --num-seqs 4 --no-baseline --model tiny-qwen3 to see it run)", file=sys.stderr)
@@ -234,8 +236,11 @@ def main(model: str, baseline: bool, out: str | None, num_seqs: int, profile: bo
     print(f"workload: {len(prompts)} requests, {sum(map(len, prompts)):,} prompt tokens, "
           f"{sum(max_tokens):,} output tokens", file=sys.stderr)
     results = {"model": model, "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
-               "torch": torch.__version__, "tensor_parallel_size": tensor_parallel_size}
+               "torch": torch.__version__, "tensor_parallel_size": tensor_parallel_size,
+               "disable_custom_all_reduce": disable_custom_all_reduce}
     tp = {"tensor_parallel_size": tensor_parallel_size} if tensor_parallel_size > 1 else {}
+    if disable_custom_all_reduce:
+        tp["disable_custom_all_reduce"] = True
     stages = STAGES if ladder else {"nanoserve": {}}  # {}: the LLM's defaults (graphs and fused ops on a GPU)
     results["ladder"] = {}
     for name, switches in stages.items():

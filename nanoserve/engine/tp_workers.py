@@ -56,7 +56,7 @@ from nanoserve.cache.prefix import PrefixCachingKVCache
 from nanoserve.engine.cuda_graphs import GraphModelRunner, padded_size
 from nanoserve.engine.overlap import OverlappedModelRunner
 from nanoserve.model.qwen3_tp import load_tp_model
-from nanoserve.model.tp_layers import TPGroup
+from nanoserve.model.tp_layers import OneShotTPGroup, TPGroup
 
 ROWS = ("input_ids", "positions", "slot_mapping")  # one entry per token of the step
 SEQ_ROWS = ("context_lens",)  # one per sequence
@@ -80,6 +80,14 @@ def join_group(store, rank: int, size: int, device: torch.device) -> None:
         # The ranks share the CPU's cores: more threads than cores, and each rank's idle threads
         # spin while another rank's need the core (a TP=2 step on 2 cores ran ~10x slower).
         torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // size))
+
+
+def tp_group(rank: int, size: int, dtype: torch.dtype, device: torch.device, custom_all_reduce: bool) -> TPGroup:
+    """This rank's place in the group, with its collectives: on GPUs, the one-shot all-reduce for small
+    messages (section 6), unless switched off; every rank must decide the same (it is a collective)."""
+    if custom_all_reduce and device.type == "cuda":
+        return OneShotTPGroup(rank, size, dtype, device)
+    return TPGroup(rank, size)
 
 
 def step_arrays(builder: StepMetadataBuilder, meta: StepMetadata) -> tuple[dict, tuple]:
@@ -157,7 +165,7 @@ def watch_parent() -> None:
 
 
 def worker_main(rank: int, size: int, conn, port: int, path: str, dtype: torch.dtype, device_type: str,
-                compiled: bool) -> None:
+                compiled: bool, custom_all_reduce: bool) -> None:
     """A worker process's whole life: join the group, load its slice, then serve rank 0's commands."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is for rank 0, which then stops us
     threading.Thread(target=watch_parent, daemon=True).start()
@@ -170,7 +178,7 @@ def worker_main(rank: int, size: int, conn, port: int, path: str, dtype: torch.d
         conn.send(("hello",))
         store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=120))
         join_group(store, rank, size, device)
-        model = load_tp_model(path, TPGroup(rank, size), dtype, device, compiled)
+        model = load_tp_model(path, tp_group(rank, size, dtype, device, custom_all_reduce), dtype, device, compiled)
         conn.send(("ready",))
         serve(conn, model, device)
     except (EOFError, BrokenPipeError):
@@ -240,7 +248,8 @@ class TPWorkers:
     # classes rank 0 runs, even those a notebook defines (lesson 07 does that).
     start_method = "spawn"
 
-    def __init__(self, path, dtype: torch.dtype, device: torch.device, size: int, compiled: bool):
+    def __init__(self, path, dtype: torch.dtype, device: torch.device, size: int, compiled: bool,
+                 custom_all_reduce: bool = True):
         gc.collect()  # a tensor-parallel LLM dropped without shutdown() gives its process group back now
         if dist.is_initialized():
             raise RuntimeError("torch.distributed is already initialised in this process: shut the other "
@@ -258,7 +267,8 @@ class TPWorkers:
         for rank in range(1, size):
             ours, theirs = ctx.Pipe()
             proc = ctx.Process(target=worker_main, name=f"nanoserve-tp-rank{rank}", daemon=True,
-                               args=(rank, size, theirs, store.port, str(path), dtype, device.type, compiled))
+                               args=(rank, size, theirs, store.port, str(path), dtype, device.type, compiled,
+                                     custom_all_reduce))
             proc.start()
             theirs.close()  # the worker's end lives in the worker only: its exit closes the pipe
             self.procs.append(proc)
@@ -271,7 +281,8 @@ class TPWorkers:
         try:
             self.replies("hello")
             join_group(store, 0, size, self.device)
-            self.model = load_tp_model(path, TPGroup(0, size), dtype, self.device, compiled)
+            group = tp_group(0, size, dtype, self.device, custom_all_reduce)
+            self.model = load_tp_model(path, group, dtype, self.device, compiled)
             self.replies("ready")
         except BaseException:
             self.shutdown()

@@ -110,3 +110,26 @@ class ParallelLMHead(nn.Module):
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         logits = self.group.all_gather(F.linear(hidden, self.weight))
         return logits[:, :self.vocab_size]  # drop the last rank's padding rows
+
+
+class OneShotTPGroup(TPGroup):
+    """A TPGroup whose all-reduce of a small message is one kernel that reads every peer GPU's buffer
+    directly (torch's symmetric memory); larger ones go to NCCL. GPUs of one host only. Creating it is
+    a collective: every rank of the group must create one, with the same dtype."""
+
+    max_bytes = 1 << 20  # 1 MiB: batch 128 of an 8B model's hidden size in bf16; prefill chunks go to NCCL
+
+    def __init__(self, rank: int, size: int, dtype: torch.dtype, device: torch.device):
+        super().__init__(rank, size)
+        from torch.distributed import _symmetric_memory as symm_mem
+
+        self.group_name = dist.group.WORLD.group_name
+        self.buffer = symm_mem.empty(self.max_bytes // dtype.itemsize, dtype=dtype, device=device)
+        symm_mem.rendezvous(self.buffer, self.group_name)  # every rank maps every other rank's buffer
+
+    def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
+        """Every rank's x summed, on every rank (a new tensor on the one-shot path; x itself on NCCL's)."""
+        if x.dtype != self.buffer.dtype or x.numel() > self.buffer.numel() or not x.is_contiguous():
+            return super().all_reduce(x)
+        staging = self.buffer[:x.numel()].view(x.shape)  # this rank's slot, which the peers read
+        return torch.ops.symm_mem.one_shot_all_reduce_copy(staging, x, "sum", self.group_name)
