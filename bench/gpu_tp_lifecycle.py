@@ -1,0 +1,102 @@
+"""Tensor parallelism's lifecycle on two GPUs, each case in a process of its own under a time limit:
+
+  kill CUSTOM     SIGKILL rank 1 in the middle of a TP=2 generate: seconds until rank 0 raises; then, in the
+                  same process, is CUDA still usable, and does a new TP=2 LLM give the same tokens as before?
+                  CUSTOM: one-shot (the default) or nccl (disable_custom_all_reduce=True)
+  pair            two TP=2 engines at the same time on the same two GPUs (0.4 of the memory each): both give
+                  the tokens of one engine alone
+
+    python bench/gpu_tp_lifecycle.py OUT.json
+"""
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+PROMPTS = [[1, 2, 3], [5, 6, 7, 8, 9], list(range(100, 160))]
+
+
+def child_kill(custom: str) -> None:
+    import torch
+
+    from nanoserve.engine.llm import LLM
+    from nanoserve.engine.sampling_params import SamplingParams
+
+    args = dict(tensor_parallel_size=2, max_model_len=4096, disable_custom_all_reduce=custom == "nccl")
+    greedy = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    llm = LLM("tiny-qwen3", **args)
+    before = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, greedy, use_tqdm=False)]
+    pid = llm.workers.procs[0].pid
+    killed = []
+    threading.Timer(2.0, lambda: (killed.append(time.monotonic()), os.kill(pid, signal.SIGKILL))).start()
+    found = {}
+    try:
+        llm.generate([[1, 2, 3]] * 64, SamplingParams(max_tokens=4000, ignore_eos=True), use_tqdm=False)
+        found["raised"] = None  # finished before the kill: say so, and go on
+        llm.shutdown()
+    except RuntimeError as e:
+        found["raised"] = str(e).splitlines()[0]
+        found["seconds_to_error"] = time.monotonic() - killed[0]
+    print("RESULT", json.dumps(found), flush=True)
+    if torch.cuda.is_available():
+        start = time.monotonic()
+        torch.cuda.synchronize()
+        found["cuda_sync_s"] = time.monotonic() - start
+    print("RESULT", json.dumps(found), flush=True)
+    with LLM("tiny-qwen3", **args) as again:
+        after = [o.outputs[0].token_ids for o in again.generate(PROMPTS, greedy, use_tqdm=False)]
+    found["new_llm_same_tokens"] = after == before
+    print("RESULT", json.dumps(found), flush=True)
+
+
+def child_pair(index: str) -> None:
+    from nanoserve.engine.llm import LLM
+    from nanoserve.engine.sampling_params import SamplingParams
+
+    greedy = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    with LLM("tiny-qwen3", tensor_parallel_size=2, max_model_len=1024, gpu_memory_utilization=0.4) as llm:
+        for _ in range(20):  # keep both engines busy at the same time for a while
+            out = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, greedy, use_tqdm=False)]
+    print("RESULT", json.dumps({"engine": index, "tokens": out}), flush=True)
+
+
+def run(args: list[str], limit: float):
+    proc = subprocess.Popen([sys.executable, __file__, *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True, env={**os.environ, "PYTHONFAULTHANDLER": "1"})
+    return proc, limit
+
+
+def finish(proc, limit) -> tuple[list[dict], str, int]:
+    try:
+        log, _ = proc.communicate(timeout=limit)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGABRT)  # faulthandler: stacks of every process
+        time.sleep(3)
+        os.killpg(proc.pid, signal.SIGKILL)
+        log, _ = proc.communicate()
+    results = [json.loads(line[7:]) for line in log.splitlines() if line.startswith("RESULT ")]
+    return results, log[-4000:], proc.returncode
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "--kill":
+        child_kill(sys.argv[2])
+    elif sys.argv[1] == "--pair":
+        child_pair(sys.argv[2])
+    else:
+        out = {}
+        for custom in ("one-shot", "nccl"):
+            results, log, code = finish(*run(["--kill", custom], 120))
+            out[f"kill {custom}"] = {"found": results[-1] if results else None, "exit": code, "log_tail": log}
+            print(f"kill {custom}: {results[-1] if results else None}; exit {code}", flush=True)
+        both = [run(["--pair", str(i)], 150) for i in range(2)]
+        found = [finish(*b) for b in both]
+        tokens = [r[0][-1]["tokens"] if r[0] else None for r in found]
+        out["pair"] = {"exits": [r[2] for r in found], "same_tokens": tokens[0] is not None and tokens[0] == tokens[1],
+                       "log_tails": [r[1] for r in found]}
+        print(f"pair: exits {out['pair']['exits']}, same tokens {out['pair']['same_tokens']}", flush=True)
+        with open(sys.argv[1], "w") as f:
+            json.dump(out, f, indent=1)
