@@ -9,7 +9,7 @@ saving its results to OUT_DIR/lesson07.json before the next starts:
              qwen3-0.6b-random: per prompt, tokens agreeing before the first divergence, of 32.
              Every engine runs in a process of its own (bench/tp_tokens.py) under a time limit.
   kill       SIGKILL a worker of a TP=2 engine in the middle of generate: how long until rank 0 raises
-  bench8b    `nanoserve bench`'s workload on qwen3-8b-random, TP=1, TP=2 and TP=2 with NCCL only, each in
+  bench8b    `nanoserve bench`'s workload on qwen3-8b-random, TP=1, TP=2 and TP=2 with the one-shot all-reduce, each in
              a fresh process (their batch-1 decode tok/s come with them)
   bench06    the same for qwen3-0.6b-random (256 requests)
   split      one 8B TP=2 decode step (batch 1 and 64), one-shot and NCCL-only, against the time of its
@@ -142,12 +142,12 @@ except RuntimeError as e:
         f"{result['kill']['process_seconds']:.0f} s")
 
 
-def bench_process(model, tp, num_requests, out_dir, timeout, nccl_only=False):
+def bench_process(model, tp, num_requests, out_dir, timeout, one_shot=False):
     """`nanoserve bench` in a fresh process; its JSON, or why there is none."""
-    out = Path(out_dir) / f"bench-{model}-tp{tp}{'-nccl' if nccl_only else ''}.json"
+    out = Path(out_dir) / f"bench-{model}-tp{tp}{'-one-shot' if one_shot else ''}.json"
     cmd = [sys.executable, "-m", "nanoserve.cli", "bench", "--model", model, "--num-seqs", str(num_requests),
            "--no-baseline", "--out", str(out), "--tensor-parallel-size", str(tp)]
-    cmd += ["--disable-custom-all-reduce"] if nccl_only else []
+    cmd += ["--custom-all-reduce"] if one_shot else []
     say("running", " ".join(cmd))
     start = time.perf_counter()
     try:
@@ -164,11 +164,11 @@ def bench_process(model, tp, num_requests, out_dir, timeout, nccl_only=False):
     return found
 
 
-def bench_pair(result, args, key, model, num_requests, timeout, nccl_too=False):
+def bench_pair(result, args, key, model, num_requests, timeout, one_shot_too=False):
     out = result[key] = {}
-    variants = [("tp1", 1, False), ("tp2", 2, False)] + ([("tp2_nccl", 2, True)] if nccl_too else [])
-    for name, tp, nccl_only in variants:
-        out[name] = bench_process(model, tp, num_requests, args.out_dir, timeout, nccl_only)
+    variants = [("tp1", 1, False), ("tp2", 2, False)] + ([("tp2_one_shot", 2, True)] if one_shot_too else [])
+    for name, tp, one_shot in variants:
+        out[name] = bench_process(model, tp, num_requests, args.out_dir, timeout, one_shot)
         result_saved(result, args)
     for name, _, _ in variants[1:]:
         try:
@@ -181,7 +181,7 @@ def bench_pair(result, args, key, model, num_requests, timeout, nccl_too=False):
 
 
 def bench8b(result, args):
-    bench_pair(result, args, "bench_8b", BIG, args.num_requests, timeout=240, nccl_too=True)
+    bench_pair(result, args, "bench_8b", BIG, args.num_requests, timeout=240, one_shot_too=True)
 
 
 def bench06(result, args):
@@ -302,9 +302,9 @@ def allreduce(result, args):
 def split(result, args):
     out = result["split_8b_tp2"] = {}
     batches = (1, 64)
-    for name, nccl_only in (("one_shot", False), ("nccl", True)):
+    for name, one_shot in (("one_shot", True), ("nccl", False)):
         with LLM(BIG, tensor_parallel_size=2, max_model_len=1024, max_num_seqs=64, async_scheduling=False,
-                 disable_custom_all_reduce=nccl_only) as llm:
+                 custom_all_reduce=one_shot) as llm:
             for b in batches:
                 out[f"{name}_step_ms_batch{b}"] = decode_step_ms(llm, b)
                 say(f"8B TP=2 ({name}) decode step at batch {b}: {out[f'{name}_step_ms_batch{b}']:.2f} ms")

@@ -2,11 +2,11 @@
 
   kill CUSTOM     SIGKILL rank 1 in the middle of a TP=2 generate: seconds until rank 0 raises; then, in the
                   same process, is CUDA still usable, and does a new TP=2 LLM give the same tokens as before?
-                  CUSTOM: one-shot (the default) or nccl (disable_custom_all_reduce=True)
+                  CUSTOM: nccl (the default) or one-shot (custom_all_reduce=True)
   pair            two TP=2 engines at the same time on the same two GPUs (0.4 of the memory each): both give
                   the tokens of one engine alone
 
-    python bench/gpu_tp_lifecycle.py OUT.json
+    python bench/gpu_tp_lifecycle.py OUT.json [kill] [pair]    (default: both)
 """
 import json
 import os
@@ -25,7 +25,7 @@ def child_kill(custom: str) -> None:
     from nanoserve.engine.llm import LLM
     from nanoserve.engine.sampling_params import SamplingParams
 
-    args = dict(tensor_parallel_size=2, max_model_len=4096, disable_custom_all_reduce=custom == "nccl")
+    args = dict(tensor_parallel_size=2, max_model_len=4096, custom_all_reduce=custom == "one-shot")
     greedy = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
     llm = LLM("tiny-qwen3", **args)
     before = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, greedy, use_tqdm=False)]
@@ -46,9 +46,12 @@ def child_kill(custom: str) -> None:
         torch.cuda.synchronize()
         found["cuda_sync_s"] = time.monotonic() - start
     print("RESULT", json.dumps(found), flush=True)
-    with LLM("tiny-qwen3", **args) as again:
-        after = [o.outputs[0].token_ids for o in again.generate(PROMPTS, greedy, use_tqdm=False)]
-    found["new_llm_same_tokens"] = after == before
+    try:
+        with LLM("tiny-qwen3", **args) as again:
+            after = [o.outputs[0].token_ids for o in again.generate(PROMPTS, greedy, use_tqdm=False)]
+        found["new_llm_same_tokens"] = after == before
+    except RuntimeError as e:
+        found["new_llm_refused"] = str(e)
     print("RESULT", json.dumps(found), flush=True)
 
 
@@ -78,7 +81,8 @@ def finish(proc, limit) -> tuple[list[dict], str, int]:
         os.killpg(proc.pid, signal.SIGKILL)
         log, _ = proc.communicate()
     results = [json.loads(line[7:]) for line in log.splitlines() if line.startswith("RESULT ")]
-    return results, log[-4000:], proc.returncode
+    log = "\n".join(line for line in log.splitlines() if not line.startswith("Extension modules"))
+    return results, log[-20000:], proc.returncode
 
 
 if __name__ == "__main__":
@@ -87,16 +91,16 @@ if __name__ == "__main__":
     elif sys.argv[1] == "--pair":
         child_pair(sys.argv[2])
     else:
-        out = {}
-        for custom in ("one-shot", "nccl"):
-            results, log, code = finish(*run(["--kill", custom], 120))
+        out, cases = {}, sys.argv[2:] or ["kill", "pair"]
+        for custom in ("nccl", "one-shot") if "kill" in cases else ():
+            results, log, code = finish(*run(["--kill", custom], 100 if custom == "nccl" else 75))
             out[f"kill {custom}"] = {"found": results[-1] if results else None, "exit": code, "log_tail": log}
             print(f"kill {custom}: {results[-1] if results else None}; exit {code}", flush=True)
-        both = [run(["--pair", str(i)], 150) for i in range(2)]
+        both = [run(["--pair", str(i)], 150) for i in range(2)] if "pair" in cases else []
         found = [finish(*b) for b in both]
         tokens = [r[0][-1]["tokens"] if r[0] else None for r in found]
-        out["pair"] = {"exits": [r[2] for r in found], "same_tokens": tokens[0] is not None and tokens[0] == tokens[1],
+        out["pair"] = {} if not both else {"exits": [r[2] for r in found], "same_tokens": tokens[0] is not None and tokens[0] == tokens[1],
                        "log_tails": [r[1] for r in found]}
-        print(f"pair: exits {out['pair']['exits']}, same tokens {out['pair']['same_tokens']}", flush=True)
+        print(f"pair: {out['pair'].get('exits')} exits, same tokens {out['pair'].get('same_tokens')}", flush=True)
         with open(sys.argv[1], "w") as f:
             json.dump(out, f, indent=1)

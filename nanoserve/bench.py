@@ -227,7 +227,7 @@ def profile_decode(llm, prompts, num_steps: int = 20) -> dict:
 
 
 def main(model: str, baseline: bool, out: str | None, num_seqs: int, profile: bool = False,
-         ladder: bool = False, tensor_parallel_size: int = 1, disable_custom_all_reduce: bool = False) -> int:
+         ladder: bool = False, tensor_parallel_size: int = 1, custom_all_reduce: bool = False) -> int:
     if not torch.cuda.is_available() and num_seqs == 256:
         print("nanoserve: bench measures a GPU; on a CPU the full workload would take hours "
               "(try --num-seqs 4 --no-baseline --model tiny-qwen3 to see it run)", file=sys.stderr)
@@ -237,10 +237,10 @@ def main(model: str, baseline: bool, out: str | None, num_seqs: int, profile: bo
           f"{sum(max_tokens):,} output tokens", file=sys.stderr)
     results = {"model": model, "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
                "torch": torch.__version__, "tensor_parallel_size": tensor_parallel_size,
-               "disable_custom_all_reduce": disable_custom_all_reduce}
+               "custom_all_reduce": custom_all_reduce}
     tp = {"tensor_parallel_size": tensor_parallel_size} if tensor_parallel_size > 1 else {}
-    if disable_custom_all_reduce:
-        tp["disable_custom_all_reduce"] = True
+    if custom_all_reduce:
+        tp["custom_all_reduce"] = True
     stages = STAGES if ladder else {"nanoserve": {}}  # {}: the LLM's defaults (graphs and fused ops on a GPU)
     results["ladder"] = {}
     for name, switches in stages.items():

@@ -7,7 +7,7 @@
     nanoserve serve MODEL [--host H] [--port P] [--api-key KEY] [--max-model-len N] [--max-num-seqs N] ...
     nanoserve bench-serve --base-url URL --model NAME [--request-rate R ...] [--num-prompts N] [--out FILE]
     nanoserve bench [--model NAME_OR_DIR] [--num-seqs N] [--no-baseline] [--out FILE] [--profile] [--ladder]
-                    [--tensor-parallel-size N] [--disable-custom-all-reduce]
+                    [--tensor-parallel-size N] [--custom-all-reduce]
 
     nanoserve --debug SUBCOMMAND ...   (--debug goes before the subcommand: show the full traceback of an error)
 
@@ -73,8 +73,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--no-baseline", action="store_true", help="skip the transformers baseline")
     bench.add_argument("--tensor-parallel-size", type=_positive_int, default=1,
                        help="run nanoserve split over N GPUs (default 1)")
-    bench.add_argument("--disable-custom-all-reduce", action="store_true",
-                       help="with tensor parallelism, every all-reduce through NCCL (no one-shot kernel)")
+    bench.add_argument("--custom-all-reduce", action="store_true",
+                       help="with tensor parallelism, small all-reduces by the one-shot kernel (lesson 07)")
     bench.add_argument("--out", default=None, help="also write the results as JSON here")
     bench.add_argument("--profile", action="store_true",
                        help="also show where one decode step's time goes, with every request decoding")
@@ -105,8 +105,8 @@ def add_serve_parser(sub) -> None:
     serve.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True)
     serve.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction, default=True)
     serve.add_argument("--tensor-parallel-size", type=_positive_int, default=1)
-    serve.add_argument("--disable-custom-all-reduce", action="store_true",
-                       help="with tensor parallelism, every all-reduce through NCCL (no one-shot kernel)")
+    serve.add_argument("--custom-all-reduce", action="store_true",
+                       help="with tensor parallelism, small all-reduces by the one-shot kernel (lesson 07)")
     serve.add_argument("--dtype", default="auto", help="auto, bfloat16, float16 or float32")
     serve.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs, no torch.compile")
     serve.add_argument("--gpu-memory-utilization", type=float, default=0.9)
@@ -220,7 +220,7 @@ def serve(args) -> int:
               max_num_batched_tokens=args.max_num_batched_tokens, block_size=args.block_size,
               enable_prefix_caching=args.enable_prefix_caching, enable_chunked_prefill=args.enable_chunked_prefill,
               enforce_eager=True if args.enforce_eager else None, tensor_parallel_size=args.tensor_parallel_size,
-              disable_custom_all_reduce=args.disable_custom_all_reduce,
+              custom_all_reduce=args.custom_all_reduce,
               gpu_memory_utilization=args.gpu_memory_utilization, num_gpu_blocks_override=args.num_gpu_blocks_override,
               seed=args.seed, device=args.device)
     serve_http(llm, args.served_model_name or args.model, args.host, args.port, args.max_waiting_requests,
@@ -238,7 +238,7 @@ def run(args) -> int:
         from nanoserve.bench import main as bench_main
 
         return bench_main(args.model, not args.no_baseline, args.out, args.num_seqs, args.profile, args.ladder,
-                          args.tensor_parallel_size, args.disable_custom_all_reduce)
+                          args.tensor_parallel_size, args.custom_all_reduce)
     if args.command == "serve":
         return serve(args)
     if args.command == "bench-serve":

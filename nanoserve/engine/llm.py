@@ -174,7 +174,7 @@ class LLMSetup:
                  gpu_memory_utilization: float = 0.9, num_gpu_blocks_override: int | None = None, seed: int = 0,
                  device: str | None = None, cpu_kv_cache_gib: float = 1.0, record_steps: int = 0,
                  fused_ops: bool = True, async_scheduling: bool | None = None,
-                 disable_custom_all_reduce: bool = False):
+                 custom_all_reduce: bool = False):
         from nanoserve.model.loader import eos_token_ids, load_model, load_tokenizer
         from nanoserve.model.zoo import resolve_model
 
@@ -206,7 +206,7 @@ class LLMSetup:
         if tensor_parallel_size > 1:
             self.workers = self.tp_workers_cls(path, resolve_dtype(dtype, path, device), device, tensor_parallel_size,
                                                compiled=not self.enforce_eager,
-                                               custom_all_reduce=not disable_custom_all_reduce)
+                                               custom_all_reduce=custom_all_reduce)
             self.model = self.workers.model  # rank 0's slice
         else:
             self.model = load_model(path, dtype=resolve_dtype(dtype, path, device), device=device, **model_args)

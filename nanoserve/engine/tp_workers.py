@@ -83,8 +83,9 @@ def join_group(store, rank: int, size: int, device: torch.device) -> None:
 
 
 def tp_group(rank: int, size: int, dtype: torch.dtype, device: torch.device, custom_all_reduce: bool) -> TPGroup:
-    """This rank's place in the group, with its collectives: on GPUs, the one-shot all-reduce for small
-    messages (section 6), unless switched off; every rank must decide the same (it is a collective)."""
+    """This rank's place in the group, with its collectives: NCCL's (gloo's on a CPU), or on GPUs, if asked
+    for, the one-shot all-reduce for small messages (section 6). Every rank decides the same (creating a
+    OneShotTPGroup is a collective)."""
     if custom_all_reduce and device.type == "cuda":
         return OneShotTPGroup(rank, size, dtype, device)
     return TPGroup(rank, size)
@@ -249,9 +250,12 @@ class TPWorkers:
     start_method = "spawn"
 
     def __init__(self, path, dtype: torch.dtype, device: torch.device, size: int, compiled: bool,
-                 custom_all_reduce: bool = True):
+                 custom_all_reduce: bool = False):
         gc.collect()  # a tensor-parallel LLM dropped without shutdown() gives its process group back now
         if dist.is_initialized():
+            if ABANDONED:
+                raise RuntimeError("an earlier tensor-parallel engine in this process lost a worker, and its "
+                                   "process group could not be torn down: restart Python to start another")
             raise RuntimeError("torch.distributed is already initialised in this process: shut the other "
                                "tensor-parallel LLM down first (llm.shutdown())")
         if device.type == "cuda" and (device.index or 0) != 0:
@@ -274,10 +278,12 @@ class TPWorkers:
             self.procs.append(proc)
             self.conns.append(ours)
         self._wake, wake = ctx.Pipe()
-        threading.Thread(target=monitor, args=(self.procs, wake, self.failures, device.type == "cuda"),
+        settled = threading.Event()  # set by the monitor as it returns (after its abort, if it aborts)
+        threading.Thread(target=monitor, args=(self.procs, wake, self.failures, device.type == "cuda", settled),
                          daemon=True).start()
         self.closed = None  # why the group cannot run steps any more, once it cannot
-        self._finalizer = weakref.finalize(self, stop, self.procs, self.conns, self._wake, torch.get_num_threads())
+        self._finalizer = weakref.finalize(self, stop, self.procs, self.conns, self._wake, settled,
+                                           torch.get_num_threads())
         try:
             self.replies("hello")
             join_group(store, 0, size, self.device)
@@ -377,8 +383,15 @@ class TPWorkers:
             self._finalizer()
 
 
-def monitor(procs: list, wake, failures: list, abort_on_death: bool) -> None:
+def monitor(procs: list, wake, failures: list, abort_on_death: bool, settled: threading.Event) -> None:
     """The monitor thread: wait until a worker exits, or until shutdown wakes it."""
+    try:
+        watch(procs, wake, failures, abort_on_death)
+    finally:
+        settled.set()  # stop() may now leave the process group: no abort is running any more
+
+
+def watch(procs: list, wake, failures: list, abort_on_death: bool) -> None:
     sentinels = {proc.sentinel: rank for rank, proc in enumerate(procs, 1)}
     ready = multiprocessing.connection.wait([wake, *sentinels])
     if wake in ready:
@@ -392,7 +405,10 @@ def monitor(procs: list, wake, failures: list, abort_on_death: bool) -> None:
         dist.distributed_c10d._abort_process_group()
 
 
-def stop(procs: list, conns: list, wake, num_threads: int) -> None:
+ABANDONED: list[bool] = []  # non-empty once a group was left to an abort that did not finish in time
+
+
+def stop(procs: list, conns: list, wake, settled: threading.Event, num_threads: int) -> None:
     """Stop the workers (politely, then by force), leave the process group, and give rank 0 back the
     threads it had before (join_group shares them out on a CPU)."""
     for conn in (wake, *conns):  # wake: the monitor returns, as the exits that follow are no deaths
@@ -408,7 +424,13 @@ def stop(procs: list, conns: list, wake, num_threads: int) -> None:
             proc.join()
     for conn in (*conns, wake):
         conn.close()
-    if dist.is_initialized():
+    # The monitor may be aborting the group (a worker died): destroying it at the same time can deadlock
+    # (both tear down NCCL's communicators), and an abort leaves it destroyed. On two H200s an abort with
+    # kernels stuck waiting for the dead rank had not finished after 30 s: rank 0 does not wait for it,
+    # so that its error comes within seconds, and leaves the group to the abort.
+    if not settled.wait(3):
+        ABANDONED.append(True)
+    elif dist.is_initialized():
         dist.destroy_process_group()
     torch.set_num_threads(num_threads)
 
