@@ -166,3 +166,12 @@ def test_bench_refuses_the_full_workload_on_a_cpu(capsys):
         pytest.skip("this machine has a GPU")
     assert main(["bench"]) == 2
     assert "measures a GPU" in capsys.readouterr().err
+
+
+def test_the_workload_takes_maxima_under_nano_vllms_minimum():
+    from nanoserve.bench import workload
+
+    prompts, max_tokens = workload(16, max_input_len=50, max_output_len=20)  # `bench-serve --max-input-len 50`
+    assert all(1 <= len(p) <= 50 for p in prompts) and all(1 <= m <= 20 for m in max_tokens)
+    _, max_tokens = workload()  # the course's workload is unchanged
+    assert sum(max_tokens) == 133_966

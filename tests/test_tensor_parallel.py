@@ -274,3 +274,27 @@ def test_two_engines_side_by_side_and_exit_without_shutdown(models, tmp_path):
     time.sleep(0.5)
     for pid in pids:
         assert not Path(f"/proc/{pid}").exists() or "zombie" in Path(f"/proc/{pid}/status").read_text()
+
+
+def test_a_group_left_to_a_hung_abort_is_named_by_the_next_engine(models, monkeypatch):
+    """On two H200s NCCL's abort of a group whose worker died took over 30 s: shutdown leaves the group to
+    the monitor's abort after 3 s (destroying it meanwhile deadlocked), and the next tensor-parallel engine
+    in the process says why it cannot start."""
+    import multiprocessing
+
+    import torch.distributed as dist
+
+    from nanoserve.engine import tp_workers
+
+    assert type(tp_workers.tp_group(0, 2, torch.float32, torch.device("cpu"), True)) is TPGroup  # no one-shot on a CPU
+    monkeypatch.setattr(tp_workers, "ABANDONED", [])
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        wake, _ = multiprocessing.Pipe()
+        start = time.monotonic()
+        tp_workers.stop([], [], wake, threading.Event(), torch.get_num_threads())  # a monitor that never settles
+        assert 3 <= time.monotonic() - start < 5 and dist.is_initialized()
+        with pytest.raises(RuntimeError, match="lost a worker.*restart Python"):
+            LLM(str(models["qwen3"]), **ENGINE, tensor_parallel_size=2)
+    finally:
+        dist.destroy_process_group()
