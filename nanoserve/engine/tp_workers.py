@@ -425,9 +425,9 @@ def stop(procs: list, conns: list, wake, settled: threading.Event, num_threads: 
     for conn in (*conns, wake):
         conn.close()
     # The monitor may be aborting the group (a worker died): destroying it at the same time can deadlock
-    # (both tear down NCCL's communicators), and an abort leaves it destroyed. On two H200s an abort with
-    # kernels stuck waiting for the dead rank had not finished after 30 s: rank 0 does not wait for it,
-    # so that its error comes within seconds, and leaves the group to the abort.
+    # (both tear down NCCL's communicators), and an abort leaves it destroyed. On two H200s such an abort
+    # had not finished 30 s after a worker was killed: rank 0 does not wait that long, so that its error
+    # comes within seconds, and leaves the group to the abort.
     if not settled.wait(3):
         ABANDONED.append(True)
     elif dist.is_initialized():
