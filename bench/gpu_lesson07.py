@@ -8,7 +8,6 @@ saving its results to OUT_DIR/lesson07.json before the next starts:
              chunked prefill and preemption, at default settings (graphs, async); bf16 agreement on
              qwen3-0.6b-random: per prompt, tokens agreeing before the first divergence, of 32.
              Every engine runs in a process of its own (bench/tp_tokens.py) under a time limit.
-  kill       SIGKILL a worker of a TP=2 engine in the middle of generate: how long until rank 0 raises
   bench8b    `nanoserve bench`'s workload on qwen3-8b-random, TP=1, TP=2 and TP=2 with the one-shot all-reduce, each in
              a fresh process (their batch-1 decode tok/s come with them)
   bench06    the same for qwen3-0.6b-random (256 requests)
@@ -16,12 +15,13 @@ saving its results to OUT_DIR/lesson07.json before the next starts:
              collectives alone (73 all-reduces of [batch, 4096] bf16 and the logits' all-gather, replayed
              in a CUDA graph on two fresh ranks)
 
+A worker killed mid-generate, and two engines at once: bench/gpu_tp_lifecycle.py.
+
 Run on a machine with 2 GPUs:  python bench/gpu_lesson07.py OUT_DIR [--num-requests 128] [--phases ...]
 """
 import argparse
 import json
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -40,6 +40,7 @@ from nanoserve.engine.llm import LLM  # noqa: E402
 from nanoserve.engine.sampling_params import SamplingParams  # noqa: E402
 from nanoserve.model.tp_layers import OneShotTPGroup  # noqa: E402
 from nanoserve.model.zoo import build_qwen3_0_6b_random, resolve_model  # noqa: E402
+from gpu_tp_lifecycle import output, start  # noqa: E402  (bench/, the script's folder)
 
 BIG = "qwen3-8b-random"
 SMALL = "qwen3-0.6b-random"
@@ -72,15 +73,8 @@ def engine_tokens(model, tp, dtype, tight, limit=200):
     out = Path(tempfile.gettempdir()) / f"tokens-{Path(str(model)).name}-tp{tp}-{dtype}{'-tight' if tight else ''}.json"
     cmd = [sys.executable, str(Path(__file__).with_name("tp_tokens.py")), str(model), str(tp), dtype, str(out),
            "--limit", str(limit)] + (["--tight"] if tight else [])
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True, env={**os.environ, "PYTHONFAULTHANDLER": "1"})
-    try:
-        log, _ = proc.communicate(timeout=limit + 20)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGABRT)  # faulthandler: every process prints its stacks
-        time.sleep(3)
-        os.killpg(proc.pid, signal.SIGKILL)
-        log, _ = proc.communicate()
+    proc = start(cmd)
+    log = output(proc, limit + 20)
     say(f"  {' '.join(cmd[2:6])}: exit {proc.returncode}; {log.strip().splitlines()[-1:] if log.strip() else ''}")
     if proc.returncode == 0 and out.is_file():
         return json.loads(out.read_text())
@@ -107,39 +101,6 @@ def parity(result, args):
         say(f"parity {name}: {found.get('equal_requests')}/{found.get('of')} requests equal; agreeing tokens "
             f"{found.get('agree_before_divergence')}")
         result_saved(result, args)
-
-
-def kill(result, args):
-    """A worker SIGKILLed in the middle of a TP=2 generate on GPUs: rank 0 must raise, naming it, in seconds."""
-    code = """
-import os, signal, sys, threading, time
-from nanoserve.engine.llm import LLM
-from nanoserve.engine.sampling_params import SamplingParams
-llm = LLM("tiny-qwen3", tensor_parallel_size=2, max_model_len=1024)
-pid = llm.workers.procs[0].pid
-killed = []
-threading.Timer(3.0, lambda: (killed.append(time.monotonic()), os.kill(pid, signal.SIGKILL))).start()
-try:
-    llm.generate([[1, 2, 3]] * 64, SamplingParams(max_tokens=900, ignore_eos=True), use_tqdm=False)
-    print("RESULT no error", flush=True)
-except RuntimeError as e:
-    print(f"RESULT raised after {time.monotonic() - killed[0]:.2f} s: {str(e).splitlines()[0]}", flush=True)
-"""
-    start = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True, env={**os.environ, "PYTHONFAULTHANDLER": "1"})
-    try:
-        log, _ = proc.communicate(timeout=90)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGABRT)
-        time.sleep(3)
-        os.killpg(proc.pid, signal.SIGKILL)
-        log, _ = proc.communicate()
-    lines = [line for line in log.splitlines() if line.startswith("RESULT")]
-    result["kill"] = {"result": lines[-1] if lines else None, "exit": proc.returncode,
-                      "process_seconds": time.perf_counter() - start, "log_tail": log[-3000:]}
-    say(f"kill: {result['kill']['result']}; the process exited with {proc.returncode} after "
-        f"{result['kill']['process_seconds']:.0f} s")
 
 
 def bench_process(model, tp, num_requests, out_dir, timeout, one_shot=False):
@@ -322,8 +283,8 @@ def result_saved(result, args):
         json.dump(result, f, indent=1, default=str)
 
 
-PHASES = {"prepare": prepare, "allreduce": allreduce, "parity": parity, "kill": kill, "bench8b": bench8b,
-          "bench06": bench06, "split": split}
+PHASES = {"prepare": prepare, "allreduce": allreduce, "parity": parity, "bench8b": bench8b, "bench06": bench06,
+          "split": split}
 
 
 def main():

@@ -66,20 +66,30 @@ def child_pair(index: str) -> None:
     print("RESULT", json.dumps({"engine": index, "tokens": out}), flush=True)
 
 
-def run(args: list[str], limit: float):
-    proc = subprocess.Popen([sys.executable, __file__, *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True, env={**os.environ, "PYTHONFAULTHANDLER": "1"})
-    return proc, limit
+def start(cmd: list[str]) -> subprocess.Popen:
+    """A command in a session of its own (so that its whole process tree can be signalled), every
+    process of it with faulthandler on."""
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True, env={**os.environ, "PYTHONFAULTHANDLER": "1"})
 
 
-def finish(proc, limit) -> tuple[list[dict], str, int]:
+def output(proc: subprocess.Popen, limit: float) -> str:
+    """Its output once it exits; after `limit` seconds every process of it prints its stacks and is killed."""
     try:
-        log, _ = proc.communicate(timeout=limit)
+        return proc.communicate(timeout=limit)[0]
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGABRT)  # faulthandler: stacks of every process
         time.sleep(3)
         os.killpg(proc.pid, signal.SIGKILL)
-        log, _ = proc.communicate()
+        return proc.communicate()[0]
+
+
+def run(args: list[str], limit: float):
+    return start([sys.executable, __file__, *args]), limit
+
+
+def finish(proc, limit) -> tuple[list[dict], str, int]:
+    log = output(proc, limit)
     results = [json.loads(line[7:]) for line in log.splitlines() if line.startswith("RESULT ")]
     log = "\n".join(line for line in log.splitlines() if not line.startswith("Extension modules"))
     return results, log[-20000:], proc.returncode
