@@ -2,11 +2,11 @@
 # Edit the notebook, then run `make export` (python tools/export.py).
 
 """Lesson 02's sampler without its per-step overheads: the parameters of a step's requests go to the
-device in two copies from preallocated (pinned) host buffers instead of five new tensors, and `sample`
-runs compiled: a few fused kernels instead of ~15 passes over [batch, vocab]. Same tokens."""
+device in two copies from preallocated (pinned) host buffers instead of five new tensors, and `pick`
+runs compiled: a few fused kernels instead of several passes over [batch, vocab]. Same tokens."""
 import torch
 
-from nanoserve.engine.sampler import Sampler, sample
+from nanoserve.engine.sampler import Sampler, keep_top_k_top_p, pick
 
 
 class FusedSampler(Sampler):
@@ -21,9 +21,11 @@ class FusedSampler(Sampler):
         self.dev_f = torch.zeros(2, max_num_seqs, dtype=torch.float32, device=self.device)
         self.dev_i = torch.zeros(3, max_num_seqs, dtype=torch.int64, device=self.device)
         self.turn = 0
-        # Only the common path is compiled: with top-k/top-p (a sort and a cumsum) torch 2.11's inductor
-        # fails on dynamic shapes, so those steps run lesson 02's eager code (the same tokens).
-        self.compiled_sample = torch.compile(sample, dynamic=True) if compiled else sample
+        # Every step's draw runs the same compiled `pick`, so a row's numerics never depend on its
+        # batch-mates. top-k/top-p (a sort and a cumsum, which torch 2.11's inductor fails to compile
+        # with dynamic shapes) run eagerly before it, and only in steps where some row asks for them:
+        # they leave the other rows' logits exactly as they are.
+        self.pick = torch.compile(pick, dynamic=True) if compiled else pick
 
     def __call__(self, logits: torch.Tensor, params: list, seeds: list[int], steps: list[int]) -> list[int]:
         return self.launch(logits, params, seeds, steps).tolist()
@@ -43,8 +45,9 @@ class FusedSampler(Sampler):
         i[2, :n] = steps
         self.dev_f[:, :n].copy_(host_f[:, :n], non_blocking=True)
         self.dev_i[:, :n].copy_(host_i[:, :n], non_blocking=True)
-        filtered = any(p.top_k > 0 or p.top_p < 1 for p in params)  # known here: no need to ask the device
         temperature, top_p = self.dev_f[:, :n]
         top_k, seeds, steps = self.dev_i[:, :n]
-        fn = sample if filtered else self.compiled_sample
-        return fn(logits, temperature, top_k, top_p, seeds, steps, filtered)
+        logits = logits.float()
+        if any(p.top_k > 0 or p.top_p < 1 for p in params):  # known here: no need to ask the device
+            logits = keep_top_k_top_p(logits, temperature, top_k, top_p)
+        return self.pick(logits, temperature, seeds, steps)

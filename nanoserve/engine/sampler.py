@@ -20,12 +20,46 @@ def _mix32(x: torch.Tensor) -> torch.Tensor:
 
 
 def hash_uniform(seeds: torch.Tensor, steps: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """Uniform numbers in (0, 1), [B, vocab_size], a pure function of (seed, step, token id)."""
+    """Uniform numbers strictly inside (0, 1), [B, vocab_size], a pure function of (seed, step, token id)."""
     s = _mix32(seeds & MASK32) ^ _mix32((seeds >> 32) & MASK32)
     s = _mix32((s + _mix32(steps & MASK32)) & MASK32)
     tokens = torch.arange(vocab_size, device=seeds.device)
     bits = _mix32((s[:, None] * 0x5BD1E995 + tokens[None, :]) & MASK32)  # 0x5BD1E995 < 2**31: see above
-    return ((bits >> 8).float() + 0.5) / 2**24  # 24 bits: exact in float32, never 0 or 1
+    # 23 bits, so that k + 0.5 is exact in float32 (24 bits of mantissa): u is at most 1 - 2**-24, never 1.
+    # (With 24 bits, k + 0.5 rounds for k >= 2**23, up to 2**24 itself: u = 1 and -log(u) = 0.)
+    return ((bits >> 9).float() + 0.5) / 2**23
+
+
+def keep_top_k_top_p(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
+                     top_p: torch.Tensor) -> torch.Tensor:
+    """logits [B, V] (float32) with -inf outside each row's top-k and nucleus (top_k 0, top_p 1: no limit).
+
+    A row that asks for neither comes out exactly as it went in, whatever the other rows ask: a request's
+    tokens never depend on its batch-mates' parameters."""
+    # Rank by the logits themselves, ties by token id (a stable sort): argmax's order, so top_k=1 is the argmax.
+    order = logits.argsort(dim=-1, descending=True, stable=True)
+    ranked = logits.gather(-1, order)
+    rank = torch.arange(logits.shape[-1], device=logits.device)[None, :]
+    ranked = ranked.masked_fill((top_k[:, None] > 0) & (rank >= top_k[:, None]), float("-inf"))
+    greedy = temperature == 0
+    probs = (ranked / torch.where(greedy, torch.ones_like(temperature), temperature)[:, None]).softmax(dim=-1)
+    mass_before = probs.cumsum(dim=-1) - probs  # the top token always survives: its mass_before is 0
+    # Only rows that ask for top-p: a float32 cumsum can round up to 1 before the tail, and must not cut it.
+    ranked = ranked.masked_fill((top_p[:, None] < 1) & (mass_before >= top_p[:, None]), float("-inf"))
+    return torch.full_like(logits, float("-inf")).scatter(-1, order, ranked)
+
+
+def pick(logits: torch.Tensor, temperature: torch.Tensor, seeds: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:
+    """One token per row: the argmax for temperature 0, else a draw from softmax(logits / temperature).
+
+    The exponential race, argmax p_i / E_i with E_i = -log(u_i), in logs: argmax logits_i / T - log(E_i).
+    softmax's normaliser is the same for every token of a row, so it is not needed: no sum over the
+    vocabulary, whose rounding could depend on the batch. A masked token (-inf) can never win, and E > 0
+    because u < 1."""
+    greedy = temperature == 0
+    scaled = logits / torch.where(greedy, torch.ones_like(temperature), temperature)[:, None]
+    race = scaled - torch.log(-torch.log(hash_uniform(seeds, steps, logits.shape[-1])))
+    return torch.where(greedy, logits.argmax(dim=-1), race.argmax(dim=-1))
 
 
 def sample(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
@@ -35,21 +69,11 @@ def sample(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
     filtered: does any row use top-k or top-p? None: look (on a GPU that costs a wait for the device;
     the Sampler knows from the parameters and says)."""
     logits = logits.float()
-    greedy = temperature == 0
-    scaled = logits / torch.where(greedy, torch.ones_like(temperature), temperature)[:, None]
     if filtered is None:
         filtered = bool((top_k > 0).any() or (top_p < 1).any())
     if filtered:
-        sorted_logits, order = scaled.sort(dim=-1, descending=True)
-        rank = torch.arange(logits.shape[-1], device=logits.device)[None, :]
-        sorted_logits = sorted_logits.masked_fill((top_k[:, None] > 0) & (rank >= top_k[:, None]), float("-inf"))
-        probs = sorted_logits.softmax(dim=-1)
-        mass_before = probs.cumsum(dim=-1) - probs  # the top token always survives: its mass_before is 0
-        sorted_logits = sorted_logits.masked_fill(mass_before >= top_p[:, None], float("-inf"))
-        scaled = torch.full_like(scaled, float("-inf")).scatter(-1, order, sorted_logits)
-    probs = scaled.softmax(dim=-1)
-    race = probs / -torch.log(hash_uniform(seeds, steps, logits.shape[-1]))
-    return torch.where(greedy, logits.argmax(dim=-1), race.argmax(dim=-1))
+        logits = keep_top_k_top_p(logits, temperature, top_k, top_p)
+    return pick(logits, temperature, seeds, steps)
 
 
 class Sampler:
