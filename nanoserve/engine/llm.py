@@ -136,6 +136,10 @@ def complete_output(out: RequestOutput, seqs: list[Sequence]) -> None:
     """Fill a request's output from its finished sequences (its n completions)."""
     out.outputs = []
     for seq in sorted(seqs, key=lambda s: s.index):
+        if seq.error is not None:  # it failed alone (LLMEngine.fail): its text may be what failed
+            out.outputs.append(CompletionOutput(seq.index, "", seq.output_ids, "error"))
+            out.error = out.error or f"prompt {out.request_id}: {seq.error}"
+            continue
         c = seq.completion()
         total = sum(lp[t] for t, lp in zip(c.token_ids, seq.logprobs)) if seq.logprobs is not None else None
         out.outputs.append(CompletionOutput(seq.index, c.text or "", c.token_ids, c.finish_reason, seq.logprobs,
@@ -144,9 +148,9 @@ def complete_output(out: RequestOutput, seqs: list[Sequence]) -> None:
 
 
 def check_engine_args(**args) -> None:
-    """Every engine size argument is an integer >= 1 (record_steps >= 0); the error names the argument."""
+    """Every engine size argument is an integer >= 1 (record_steps, max_logprobs >= 0); the error names it."""
     for name, value in args.items():
-        least = 0 if name == "record_steps" else 1
+        least = 0 if name in ("record_steps", "max_logprobs") else 1
         if isinstance(value, bool) or not isinstance(value, int) or value < least:
             raise ValueError(f"{name} must be an integer >= {least}, got {value!r}")
 
@@ -174,12 +178,13 @@ class LLMSetup:
                  gpu_memory_utilization: float = 0.9, num_gpu_blocks_override: int | None = None, seed: int = 0,
                  device: str | None = None, cpu_kv_cache_gib: float = 1.0, record_steps: int = 0,
                  fused_ops: bool = True, async_scheduling: bool | None = None,
-                 custom_all_reduce: bool = False):
+                 custom_all_reduce: bool = False, max_logprobs: int = 20):
         from nanoserve.model.loader import eos_token_ids, load_model, load_tokenizer
         from nanoserve.model.zoo import resolve_model
 
         check_engine_args(max_model_len=max_model_len, max_num_seqs=max_num_seqs, block_size=block_size,
-                          max_num_batched_tokens=max_num_batched_tokens, record_steps=record_steps)
+                          max_num_batched_tokens=max_num_batched_tokens, record_steps=record_steps,
+                          max_logprobs=max_logprobs)
         if num_gpu_blocks_override is not None:
             check_engine_args(num_gpu_blocks_override=num_gpu_blocks_override)
         check_engine_args(tensor_parallel_size=tensor_parallel_size)
@@ -212,12 +217,13 @@ class LLMSetup:
             self.model = load_model(path, dtype=resolve_dtype(dtype, path, device), device=device, **model_args)
         self.eos_token_ids = eos_token_ids(path, self.tokenizer)
         self.max_model_len = min(max_model_len, self.model.config.max_position_embeddings)
+        self.max_logprobs = max_logprobs  # as vLLM: the most log-probs a request may ask for per token
         self._pool = dict(block_size=block_size, prefix_caching=enable_prefix_caching, max_num_seqs=max_num_seqs,
                           gpu_memory_utilization=gpu_memory_utilization, num_blocks=num_gpu_blocks_override,
                           cpu_kv_cache_gib=cpu_kv_cache_gib)
         self._engine_args = dict(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                                  enable_chunked_prefill=enable_chunked_prefill, max_model_len=self.max_model_len,
-                                 seed=seed, record_steps=record_steps)
+                                 seed=seed, record_steps=record_steps, max_logprobs=max_logprobs)
         self._engine = None
         self._routes: dict[int, deque] = {}  # seq_id -> the queue of tokens for the call that owns it
 
@@ -308,6 +314,9 @@ class CallRouter(LLMSetup):
         for i, sp in enumerate(params):
             if not isinstance(sp, SamplingParams):
                 raise TypeError(f"sampling_params {i}: expected SamplingParams, got {type(sp).__name__}")
+            if sp.logprobs is not None and sp.logprobs > self.max_logprobs:
+                raise ValueError(f"sampling_params {i}: logprobs {sp.logprobs} exceeds max_logprobs "
+                                 f"{self.max_logprobs} (LLM(max_logprobs=...) raises the limit)")
         outputs, seqs = [], {}
         try:
             for i, ((text, ids), sp) in enumerate(zip(encoded, params)):
@@ -334,7 +343,11 @@ class CallRouter(LLMSetup):
             while pending:
                 if not queue:
                     for seq, token in self.engine.step():
-                        if token is not None and seq.seq_id in self._routes:
+                        if seq.seq_id not in self._routes:
+                            continue
+                        if seq.error is not None:  # it failed alone: it ends here, with no new token
+                            self._routes[seq.seq_id].append((seq.seq_id, None, seq.error, True))
+                        elif token is not None:
                             finished = seq.status is SequenceStatus.FINISHED
                             self._routes[seq.seq_id].append((seq.seq_id, token, seq.new_text, finished))
                 while queue:
@@ -359,7 +372,8 @@ class LLM(CallRouter):
     def generate(self, prompts, sampling_params: SamplingParams | list[SamplingParams] | None = None,
                  use_tqdm: bool = True) -> list[RequestOutput]:
         """Complete every prompt; outputs come back in input order. A malformed prompt or parameter raises
-        before anything is queued; a prompt that cannot be served (empty, too long) fails alone."""
+        before anything is queued; a prompt that cannot be served (empty, too long), or whose own processing
+        fails during a step, fails alone: finish_reason "error" and RequestOutput.error."""
         return self._collect(self._encode(prompts), sampling_params, use_tqdm)
 
     def chat(self, messages, sampling_params: SamplingParams | list[SamplingParams] | None = None,
@@ -405,8 +419,8 @@ class LLM(CallRouter):
         bar = tqdm(total=len(groups), desc="generating", unit="req", disable=not use_tqdm)
         start, generated = time.perf_counter(), 0
         try:
-            for seq, _, _, finished in self._run(seqs):
-                generated += 1
+            for seq, token, _, finished in self._run(seqs):
+                generated += token is not None
                 i = seqs[seq.seq_id][0]
                 if finished and all(s.status is SequenceStatus.FINISHED for s in groups[i]):
                     complete_output(outputs[i], groups[i])

@@ -58,22 +58,26 @@ def start_forks(seq: Sequence, cache: PagedKVCache, scheduler: Scheduler) -> Non
 class LLMEngine:
     def __init__(self, model: Qwen3ForCausalLM, cache: PagedKVCache, tokenizer=None, eos_token_ids=(),
                  max_num_seqs: int = 256, max_num_batched_tokens: int = 8192, enable_chunked_prefill: bool = True,
-                 max_model_len: int = 4096, seed: int = 0, record_steps: int = 0, runner: ModelRunner | None = None):
+                 max_model_len: int = 4096, seed: int = 0, record_steps: int = 0, runner: ModelRunner | None = None,
+                 max_logprobs: int = 20):
         self.model, self.cache, self.tokenizer, self.eos = model, cache, tokenizer, set(eos_token_ids)
         self.scheduler = Scheduler(cache, max_num_seqs, max_num_batched_tokens, enable_chunked_prefill)
         # lesson 06 passes its own runner (CUDA graphs, a fused sampler)
         self.runner = runner or ModelRunner(model, cache, max_num_seqs, max_num_batched_tokens, max_model_len)
-        self.max_model_len = max_model_len
+        self.max_model_len, self.max_logprobs = max_model_len, max_logprobs
         self.seeder = random.Random(seed)  # seeds for requests that bring none: reproducible runs
         self.next_id = 0
         self.stats = EngineStats()
         self.steps: deque[StepRecord] = deque(maxlen=record_steps)  # the last record_steps steps (0: none)
+        self.step_seqs: list[Sequence] = []  # the sequences of the step in progress (after a failed step: its)
 
     def add_request(self, prompt_ids: list[int], params: SamplingParams) -> Sequence:
         """Queue a request; a bad one raises ValueError here, before it can touch the batch."""
         vocab = self.model.config.vocab_size
         if not all(isinstance(t, int) and 0 <= t < vocab for t in prompt_ids):
             raise ValueError(f"prompt token ids must be integers in [0, {vocab})")
+        if params.logprobs is not None and params.logprobs > self.max_logprobs:
+            raise ValueError(f"logprobs {params.logprobs} exceeds max_logprobs {self.max_logprobs} (an LLM argument)")
         if len(prompt_ids) + params.max_tokens > self.max_model_len:
             raise ValueError(f"prompt of {len(prompt_ids)} tokens + max_tokens {params.max_tokens} exceeds "
                              f"max_model_len {self.max_model_len}")
@@ -97,8 +101,12 @@ class LLMEngine:
         return self.scheduler.has_unfinished()
 
     def step(self) -> list[tuple[Sequence, int | None]]:
-        """Run one step; returns (sequence, new token or None) for every sequence that computed."""
-        return self.run_scheduled(self.scheduler.schedule())  # schedule() takes the step's KV space: the only allocation
+        """Run one step; returns (sequence, new token or None) for every sequence that computed. If it
+        raises, step_seqs holds the sequences it was running: the requests a server fails with it."""
+        self.step_seqs = self.scheduler.running  # while scheduling: whoever runs (this list, as it grows)
+        batch = self.scheduler.schedule()  # schedule() takes the step's KV space: the only allocation
+        self.step_seqs = batch.seqs
+        return self.run_scheduled(batch)
 
     def run_scheduled(self, batch: ScheduledBatch) -> list[tuple[Sequence, int | None]]:
         if not batch.seqs:
@@ -107,20 +115,38 @@ class LLMEngine:
         return self.process(batch, tokens, logprobs)
 
     def process(self, batch: ScheduledBatch, tokens: list[int | None], logprobs: list) -> list[tuple[Sequence, int | None]]:
-        """Bring every sequence of a computed step up to date: its K/V, its new token, finished or not."""
+        """Bring every sequence of a computed step up to date: its K/V, its new token, finished or not.
+        A sequence whose update raises (its detokenizer, say) fails alone: (seq, None) with finish_reason
+        "error"; the others go on."""
+        out = []
         for seq, n, token, lp in zip(batch.seqs, batch.num_new, tokens, logprobs):
-            seq.num_computed += n
-            self.cache.commit(seq.seq_id, seq.token_ids, seq.num_computed)  # its K/V are written: shareable now
-            if seq.forks and seq.num_computed >= seq.num_prompt_tokens:
-                start_forks(seq, self.cache, self.scheduler)
-            if token is not None:
-                if seq.logprobs is not None:
-                    seq.logprobs.append(lp)
-                seq.append(token)
-                if seq.finish_reason is not None:
-                    self.scheduler.finish(seq)
+            try:
+                self.update(seq, n, token, lp)
+                out.append((seq, token))
+            except Exception as e:
+                out.extend((s, None) for s in self.fail(seq, f"{type(e).__name__}: {e}"))
         self._count(batch, tokens)
-        return list(zip(batch.seqs, tokens))
+        return out
+
+    def update(self, seq: Sequence, n: int, token: int | None, lp) -> None:
+        seq.num_computed += n
+        self.cache.commit(seq.seq_id, seq.token_ids, seq.num_computed)  # its K/V are written: shareable now
+        if seq.forks and seq.num_computed >= seq.num_prompt_tokens:
+            start_forks(seq, self.cache, self.scheduler)
+        if token is not None:
+            if seq.logprobs is not None:
+                seq.logprobs.append(lp)
+            seq.append(token)
+            if seq.finish_reason is not None:
+                self.scheduler.finish(seq)
+
+    def fail(self, seq: Sequence, error: str) -> list[Sequence]:
+        """End a sequence, and its completions not started yet, with finish_reason "error"; blocks back."""
+        failed, seq.forks = [seq, *seq.forks], []
+        for s in failed:
+            s.finish_reason, s.error = "error", error
+            self.scheduler.abort(s)
+        return failed
 
     def _count(self, batch: ScheduledBatch, tokens: list[int | None]) -> None:
         stats = self.stats

@@ -93,11 +93,14 @@ class OverlappedLLMEngine(LLMEngine):
     def step(self) -> list[tuple[Sequence, int | None]]:
         launched, self.ahead = self.ahead, None
         if launched is None:
+            self.step_seqs = self.scheduler.running  # while scheduling: whoever runs (as in lesson 05)
             batch = self.scheduler.schedule()
+            self.step_seqs = batch.seqs
             if not self.plain_decode(batch):
                 return self.run_scheduled(batch)  # as in lesson 05
             step, _ = prepare_inputs(batch)
             launched = self.runner.launch(batch, step, [s.num_output_tokens for s in batch.seqs])
+        self.step_seqs = launched.batch.seqs  # the step launched ahead's are among them
         try:
             self.ahead = self.launch_next(launched)
             tokens = self.runner.collect(launched)

@@ -23,6 +23,7 @@ class Sequence(Request):
         self.index = index  # which of its request's n completions this is
         self.forks: list[Sequence] = []  # the request's other completions, until this one's prompt is computed
         self.logprobs: list[dict[int, float]] | None = [] if params.logprobs is not None else None
+        self.error: str | None = None  # why it failed alone (finish_reason "error"; LLMEngine.fail)
 
 
 def completion_seed(seed: int, index: int) -> int:
