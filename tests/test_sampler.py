@@ -141,11 +141,11 @@ def test_through_llm_top_k_1_is_greedy_and_batch_mates_do_not_matter(llm):
     def run(prompts, params):
         return [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
 
-    prompts = [f"Prompt number {i}:" for i in range(4)]
+    prompts = [f"Prompt number {i}:" for i in range(3, 5)]
     greedy = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
     top1 = SamplingParams(temperature=1.0, top_k=1, seed=3, max_tokens=16, ignore_eos=True)
     assert run(prompts, top1) == run(prompts, greedy)
-    for seed in range(8):
+    for seed in (3, 5):  # the two of eight seeds that changed on main
         plain = SamplingParams(temperature=1.0, seed=seed, max_tokens=16, ignore_eos=True)
         nucleus = SamplingParams(temperature=1.0, top_p=0.9, seed=100 + seed, max_tokens=16, ignore_eos=True)
-        assert run(prompts[3:], plain) == run([prompts[3], "Another prompt"], [plain, nucleus])[:1], seed
+        assert run(prompts[:1], plain) == run([prompts[0], "Another prompt"], [plain, nucleus])[:1], seed
