@@ -109,3 +109,18 @@ def test_a_failed_step_names_its_sequences(llm):
     for seq in list(engine.step_seqs):
         engine.scheduler.abort(seq)
     assert runner_run == engine.runner.run and pool_clean(llm)
+
+
+def test_a_request_whose_text_cannot_be_decoded_fails_alone(llm, monkeypatch):
+    clean = tokens(llm.generate(PROMPTS[:2], GREEDY, use_tqdm=False))
+    decode = type(llm.tokenizer).decode
+
+    def failing(self, ids, *args, **kwargs):
+        if list(ids) == clean[0][0]:  # the whole text of request 0, decoded once at the end
+            raise ValueError("cannot decode")
+        return decode(self, ids, *args, **kwargs)
+
+    monkeypatch.setattr(type(llm.tokenizer), "decode", failing)
+    out = llm.generate(PROMPTS[:2], GREEDY, use_tqdm=False)
+    assert out[0].error == "prompt 0: ValueError: cannot decode" and out[0].outputs[0].finish_reason == "error"
+    assert out[1].error is None and tokens(out[1:]) == clean[1:]

@@ -136,11 +136,14 @@ def complete_output(out: RequestOutput, seqs: list[Sequence]) -> None:
     """Fill a request's output from its finished sequences (its n completions)."""
     out.outputs = []
     for seq in sorted(seqs, key=lambda s: s.index):
-        if seq.error is not None:  # it failed alone (LLMEngine.fail): its text may be what failed
+        try:
+            if seq.error is not None:  # it failed alone (LLMEngine.fail): its text may be what failed
+                raise RuntimeError(seq.error)
+            c = seq.completion()  # the text decoded in one go: this request's own work, which may fail too
+        except Exception as e:
             out.outputs.append(CompletionOutput(seq.index, "", seq.output_ids, "error"))
-            out.error = out.error or f"prompt {out.request_id}: {seq.error}"
+            out.error = out.error or f"prompt {out.request_id}: {seq.error or f'{type(e).__name__}: {e}'}"
             continue
-        c = seq.completion()
         total = sum(lp[t] for t, lp in zip(c.token_ids, seq.logprobs)) if seq.logprobs is not None else None
         out.outputs.append(CompletionOutput(seq.index, c.text or "", c.token_ids, c.finish_reason, seq.logprobs,
                                             total))
