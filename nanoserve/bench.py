@@ -119,7 +119,9 @@ def bench_transformers(model: str, prompts, max_tokens) -> dict:
     from nanoserve.model.zoo import resolve_model
 
     path = resolve_model(model)
-    hf = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16).cuda().eval()
+    # trust_remote_code=False: a checkpoint's own modelling code (its auto_map) is never imported, as in the loader
+    hf = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16,
+                                                           trust_remote_code=False).cuda().eval()
     longest = max(map(len, prompts))
     ids = torch.zeros(len(prompts), longest, dtype=torch.long)
     mask = torch.zeros_like(ids)

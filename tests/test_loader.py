@@ -3,6 +3,10 @@ import json
 import os
 import re
 import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -10,7 +14,13 @@ from safetensors.torch import load_file, save_file
 
 from nanoserve.cache.no_cache import NoCache
 from nanoserve.checks.lesson01 import TINY_CONFIGS, hf_tiny_model
+from nanoserve.model import loader
+from nanoserve.model.config import ModelConfig
 from nanoserve.model.loader import eos_token_ids, load_model, load_tokenizer
+from nanoserve.model.qwen3 import Qwen3ForCausalLM
+from nanoserve.model.qwen3_fused import FusedQwen3ForCausalLM
+from nanoserve.model.qwen3_tp import load_tp_model
+from nanoserve.model.tp_layers import TPGroup
 from nanoserve.model.zoo import resolve_model
 
 
@@ -214,15 +224,81 @@ def test_index_entry_outside_model_directory(sharded, outside):
         load_model(sharded, device="cpu")
 
 
-def test_symlinked_shards_still_load(tmp_path, sharded):
-    """The Hugging Face cache links each shard to a blob elsewhere; that is not "outside"."""
-    want = logits(load_model(sharded, device="cpu"))
-    blobs = tmp_path / "blobs"
+def hf_cache_snapshot(root, source) -> Path:
+    """A copy of the checkpoint `source` laid out as the Hugging Face cache keeps it: every file of
+    models--org--m/snapshots/abc/ a relative symlink to a blob in models--org--m/blobs/."""
+    repo = root / "models--org--m"
+    snapshot, blobs = repo / "snapshots" / "abc", repo / "blobs"
+    snapshot.mkdir(parents=True)
     blobs.mkdir()
-    for shard in sharded.glob("*.safetensors"):
-        shard.rename(blobs / shard.name)
-        shard.symlink_to(os.path.relpath(blobs / shard.name, sharded))
-    torch.testing.assert_close(logits(load_model(sharded, device="cpu")), want, atol=0, rtol=0)
+    for k, file in enumerate(sorted(source.iterdir())):
+        shutil.copy(file, blobs / f"blob{k}")
+        (snapshot / file.name).symlink_to(f"../../blobs/blob{k}")
+    return snapshot
+
+
+@pytest.mark.parametrize("layout", ["single file", "sharded"])
+def test_hugging_face_cache_snapshot_loads(tmp_path, checkpoint, sharded, layout):
+    """The cache links each file of a snapshot to a blob outside the snapshot: that is allowed."""
+    source = checkpoint if layout == "single file" else sharded
+    snapshot = hf_cache_snapshot(tmp_path / "hub", source)
+    assert (snapshot / "config.json").is_symlink()
+    want = logits(load_model(source, device="cpu"))
+    torch.testing.assert_close(logits(load_model(snapshot, device="cpu")), want, atol=0, rtol=0)
+
+
+def test_symlink_inside_the_model_directory_loads(checkpoint):
+    want = logits(load_model(checkpoint, device="cpu"))
+    (checkpoint / "weights").mkdir()
+    (checkpoint / "model.safetensors").rename(checkpoint / "weights" / "w.safetensors")
+    (checkpoint / "model.safetensors").symlink_to("weights/w.safetensors")
+    torch.testing.assert_close(logits(load_model(checkpoint, device="cpu")), want, atol=0, rtol=0)
+
+
+def outside_link(file, to) -> Path:
+    """Move `file` to `to` (outside its checkpoint) and leave an absolute symlink to it in its place."""
+    to.parent.mkdir(parents=True, exist_ok=True)
+    file.rename(to)
+    file.symlink_to(to)
+    return to.resolve()
+
+
+def refused_link(file, target):
+    """A `match=` pattern for the refusal of a symlink `file` that points at `target`."""
+    return names(file) + ": a symlink to " + names(target) + ", outside the model directory"
+
+
+@pytest.mark.parametrize("name", ["model.safetensors", "config.json"])
+def test_symlink_out_of_the_model_directory_is_refused(tmp_path, checkpoint, name):
+    target = outside_link(checkpoint / name, tmp_path / "elsewhere" / name)
+    with pytest.raises(ValueError, match=refused_link(checkpoint / name, target)):
+        load_model(checkpoint, device="cpu")
+
+
+@pytest.mark.parametrize("which", ["shard", "index"])
+def test_symlinked_shard_or_index_out_of_the_model_directory_is_refused(tmp_path, sharded, which):
+    file = sharded / "model.safetensors.index.json"
+    if which == "shard":
+        file = sharded / sorted(set(json.loads(file.read_text())["weight_map"].values()))[-1]
+    target = outside_link(file, tmp_path / "elsewhere" / file.name)
+    with pytest.raises(ValueError, match=refused_link(file, target)):
+        load_model(sharded, device="cpu")
+
+
+def test_snapshot_links_into_another_repos_blobs_are_refused(tmp_path, checkpoint):
+    """Only the snapshot's own repo's blobs/ count: a link into another repo's is outside too."""
+    snapshot = hf_cache_snapshot(tmp_path / "hub", checkpoint)
+    other = tmp_path / "hub" / "models--org--other" / "blobs" / "weights"
+    target = outside_link(snapshot / "model.safetensors", other)
+    with pytest.raises(ValueError, match=refused_link(snapshot / "model.safetensors", target)):
+        load_model(snapshot, device="cpu")
+
+
+def test_tokenizer_file_linked_out_of_the_model_directory_is_refused(tmp_path, checkpoint):
+    shutil.copy(resolve_model("tiny-qwen3") / "tokenizer.json", tmp_path / "tokenizer.json")
+    (checkpoint / "tokenizer.json").symlink_to(tmp_path / "tokenizer.json")
+    with pytest.raises(ValueError, match=refused_link(checkpoint / "tokenizer.json", tmp_path / "tokenizer.json")):
+        load_tokenizer(checkpoint)
 
 
 @pytest.mark.parametrize("dtype", [torch.int64, torch.bool])
@@ -282,3 +358,135 @@ def test_load_tokenizer_corrupt_json_names_file(tokenizer_dir, name):
     (tokenizer_dir / name).write_text('{"model": ')
     with pytest.raises(ValueError, match=names(tokenizer_dir / name) + ": not valid JSON"):
         load_tokenizer(tokenizer_dir)
+
+
+# ---- a checkpoint never runs its own code: transformers' auto_map is refused, whatever stdin says
+
+
+def with_custom_code(checkpoint, standard_tokenizer: bool) -> Path:
+    """Give `checkpoint` (tokenizer files and config.json) an auto_map, as checkpoints with their own modelling
+    and tokenizer code have, pointing at Python files that write a marker file when imported. Without a
+    standard tokenizer, the config's model type and the tokenizer class exist only in those files."""
+    marker = checkpoint.parent / "the checkpoint's code ran"
+    effect = f"open({str(marker)!r}, 'a').write(__name__ + '\\n')\n"
+    (checkpoint / "configuration_evil.py").write_text(
+        effect + "from transformers import PretrainedConfig\n\n\nclass EvilConfig(PretrainedConfig):\n"
+        "    model_type = 'evil'\n")
+    (checkpoint / "tokenization_evil.py").write_text(
+        effect + "from transformers import PreTrainedTokenizerFast\n\n\nclass EvilTokenizer(PreTrainedTokenizerFast):\n"
+        "    pass\n")
+    tokenizer_map = ["tokenization_evil.EvilTokenizer", None]  # [slow class, fast class]
+    config = json.loads((checkpoint / "config.json").read_text())
+    config["model_type"] = "evil"  # a config class transformers does not know: AutoConfig would import ours
+    config["auto_map"] = {"AutoConfig": "configuration_evil.EvilConfig", "AutoTokenizer": tokenizer_map}
+    (checkpoint / "config.json").write_text(json.dumps(config))
+    tokenizer_config = json.loads((checkpoint / "tokenizer_config.json").read_text())
+    tokenizer_config["auto_map"] = {"AutoTokenizer": tokenizer_map}
+    if not standard_tokenizer:
+        tokenizer_config["tokenizer_class"] = "EvilTokenizer"
+    (checkpoint / "tokenizer_config.json").write_text(json.dumps(tokenizer_config))
+    return marker
+
+
+@pytest.fixture
+def answer_yes(monkeypatch, tmp_path):
+    """Whoever asks on the terminal whether to run the checkpoint's code hears "y"."""
+    # were the code run after all, transformers would copy it here rather than into ~/.cache/huggingface
+    monkeypatch.setattr("transformers.dynamic_module_utils.HF_MODULES_CACHE", str(tmp_path / "modules"), raising=False)
+    asked = []
+    monkeypatch.setattr("builtins.input", lambda prompt="": asked.append(prompt) or "y")
+    return asked
+
+
+CUSTOM_CODE_ERROR = ("this checkpoint's tokenizer exists only as its own Python code "
+                     "(tokenizer_config.json auto_map AutoTokenizer: tokenization_evil.EvilTokenizer")
+
+
+def test_a_tokenizer_that_needs_the_checkpoints_code_is_refused_clearly(tokenizer_dir, answer_yes):
+    marker = with_custom_code(tokenizer_dir, standard_tokenizer=False)
+    with pytest.raises(ValueError, match=names(tokenizer_dir) + ": " + re.escape(CUSTOM_CODE_ERROR)) as error:
+        load_tokenizer(tokenizer_dir)
+    assert "nanoserve never runs a checkpoint's own code" in str(error.value)
+    assert "trust_remote_code" not in str(error.value) and "\n" not in str(error.value)
+    assert not marker.exists() and answer_yes == []
+
+
+def test_auto_map_beside_a_standard_tokenizer_loads_without_the_code(tokenizer_dir, answer_yes):
+    marker = with_custom_code(tokenizer_dir, standard_tokenizer=True)
+    assert load_tokenizer(tokenizer_dir)("hello world").input_ids == [14990, 1879]
+    assert not marker.exists() and answer_yes == []
+
+
+def test_generate_on_a_checkpoint_with_custom_code_is_one_clear_line(tokenizer_dir, tmp_path):
+    """The command line, with "y" waiting on stdin: transformers' prompt would read it and run the code."""
+    marker = with_custom_code(tokenizer_dir, standard_tokenizer=False)
+    env = {**os.environ, "HF_MODULES_CACHE": str(tmp_path / "modules")}  # where transformers would copy the code
+    result = subprocess.run([sys.executable, "-m", "nanoserve.cli", "generate", "Hi", "--model", str(tokenizer_dir)],
+                            input="y\n", capture_output=True, text=True, timeout=300, env=env)
+    assert not marker.exists(), result.stderr
+    assert result.returncode == 1, result.stderr
+    assert result.stderr.splitlines()[-1].startswith(f"nanoserve: {tokenizer_dir}: {CUSTOM_CODE_ERROR}")
+    assert "Traceback" not in result.stderr and "[y/N]" not in result.stdout + result.stderr
+
+
+# ---- a config's sizes are checked against the machine before anything is allocated
+
+
+@pytest.mark.parametrize("name", TINY_CONFIGS)
+@pytest.mark.parametrize("tie", [True, False], ids=["tied", "untied"])
+def test_num_parameters_counts_the_models_weights(name, tie):
+    config = ModelConfig.from_hf(hf_tiny_model(**TINY_CONFIGS[name], tie=tie).config.to_dict())
+    with torch.device("meta"):
+        for model in (Qwen3ForCausalLM(config), FusedQwen3ForCausalLM(config)):
+            assert config.num_parameters() == sum(p.numel() for p in model.parameters())
+
+
+def test_a_config_too_big_for_memory_fails_at_once(checkpoint, monkeypatch):
+    """The old loader spent a minute and 3.5 GB building 100,000 layers before running out of memory."""
+    monkeypatch.setattr(loader, "available_memory", lambda device: 4 * 2**30)
+    edit_config(checkpoint, num_hidden_layers=100_000)
+    needed = ModelConfig.from_dir(checkpoint).num_parameters() * 4 / 2**30
+    start = time.perf_counter()
+    with pytest.raises(ValueError, match=names(checkpoint / "config.json") + f": this model needs {needed:.1f} GiB "
+                       "for its weights in torch.float32, and cpu has 4.0 GiB available"):
+        load_model(checkpoint, device="cpu")
+    assert time.perf_counter() - start < 0.5
+
+
+def test_a_tensor_parallel_rank_checks_its_share(checkpoint, monkeypatch):
+    monkeypatch.setattr(loader, "available_memory", lambda device: 4 * 2**30)
+    edit_config(checkpoint, num_hidden_layers=100_000)
+    needed = ModelConfig.from_dir(checkpoint).num_parameters() * 2 / 2**30
+    with pytest.raises(ValueError, match=f"this model needs {needed / 2:.1f} GiB for its weights in torch.bfloat16"):
+        load_tp_model(checkpoint, TPGroup(0, 2), torch.bfloat16, "cpu")
+
+
+def test_available_memory_is_the_machines():
+    free = loader.available_memory("cpu")
+    assert 0 < free <= os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def test_absurd_sizes_fail_in_the_config(checkpoint):
+    edit_config(checkpoint, hidden_size=2**20, intermediate_size=2**22, num_hidden_layers=10**6)
+    start = time.perf_counter()
+    with pytest.raises(ValueError, match=names(checkpoint / "config.json") + ": these sizes make 1\\.32e\\+19 "
+                       "parameters, more than any model has"):
+        ModelConfig.from_dir(checkpoint)
+    assert time.perf_counter() - start < 0.5
+
+
+def test_an_absurd_context_length_fails_in_the_config(checkpoint):
+    edit_config(checkpoint, max_position_embeddings=10**12)  # lesson 06 would build a RoPE table that long
+    with pytest.raises(ValueError, match="max_position_embeddings is 1,000,000,000,000, more than any model"):
+        ModelConfig.from_dir(checkpoint)
+
+
+def test_a_tokenizer_that_transformers_rejects_is_one_clear_error(checkpoint, tmp_path):
+    """tiny-qwen3's config edited to 100,000 layers: transformers' own config check (not a ValueError) fails
+    first, and must still be a ValueError naming the directory, which the command line prints as one error."""
+    for f in resolve_model("tiny-qwen3").iterdir():
+        shutil.copy(f, tmp_path / f.name)
+    config = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, "num_hidden_layers": 100_000}))
+    with pytest.raises(ValueError, match="cannot load this tokenizer"):
+        loader.load_tokenizer(tmp_path)

@@ -3,6 +3,7 @@
 
 """The handful of numbers from a checkpoint's config.json that the forward pass needs."""
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -11,6 +12,25 @@ SUPPORTED_ARCHITECTURES = {"Qwen3ForCausalLM": True, "LlamaForCausalLM": False}
 # Keys with no sensible default: without them we cannot even build the model's shapes.
 REQUIRED_KEYS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
                  "intermediate_size", "rms_norm_eps")
+# The largest open models have about a trillion parameters; a config with ten times that is broken.
+MAX_PARAMETERS = 10**13
+# The longest contexts models are trained for are about 10M tokens; lesson 06 keeps a RoPE table that long.
+MAX_POSITIONS = 2**24
+
+
+def checkpoint_file(path, name: str) -> Path:
+    """path / name, a file of the checkpoint directory `path`, unless a symlink leads out of it. A link
+    within the directory is fine, and so is the Hugging Face cache's layout: each file of a snapshot,
+    models--ORG--NAME/snapshots/REV/, links to a blob in the same repo's models--ORG--NAME/blobs/."""
+    file = Path(path) / name
+    root, target = Path(os.path.realpath(path)), Path(os.path.realpath(file))
+    allowed = [root]
+    if root.parent.name == "snapshots" and root.parent.parent.name.startswith("models--"):
+        allowed.append(root.parent.parent / "blobs")
+    if not any(target.is_relative_to(place) for place in allowed):
+        raise ValueError(f"{file}: a symlink to {target}, outside the model directory {root}; nanoserve reads "
+                         "a checkpoint only from inside it (or, in the Hugging Face cache, its own blobs)")
+    return file
 
 
 def read_json(file: Path) -> dict:
@@ -78,7 +98,7 @@ class ModelConfig:
         num_kv_heads = positive("num_key_value_heads", num_heads)
         if num_heads % num_kv_heads:
             raise ValueError(f"{source}: {num_heads} query heads cannot share {num_kv_heads} key/value heads")
-        return cls(
+        config = cls(
             architecture=arch,
             vocab_size=positive("vocab_size"),
             hidden_size=hidden_size,
@@ -93,10 +113,27 @@ class ModelConfig:
             tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
             qk_norm=SUPPORTED_ARCHITECTURES[arch],
         )
+        if config.max_position_embeddings > MAX_POSITIONS:
+            raise ValueError(f"{source}: max_position_embeddings is {config.max_position_embeddings:,}, more "
+                             f"than any model is trained for (nanoserve's limit is {MAX_POSITIONS:,})")
+        if config.num_parameters() > MAX_PARAMETERS:  # refused here, before anyone tries to allocate it
+            raise ValueError(f"{source}: these sizes make {config.num_parameters():.3g} parameters, "
+                             f"more than any model has (nanoserve's limit is {MAX_PARAMETERS:.0e})")
+        return config
+
+    def num_parameters(self) -> int:
+        """How many weights the model has, from the sizes alone: the embedding, each layer's attention,
+        MLP and norms, the final norm, and the LM head unless it is the embedding (tied)."""
+        h, d = self.hidden_size, self.head_dim
+        attention = 2 * h * d * (self.num_heads + self.num_kv_heads)  # q and o; k and v
+        mlp = 3 * h * self.intermediate_size  # gate, up, down
+        norms = 2 * h + (2 * d if self.qk_norm else 0)  # before attention and MLP; Qwen3's q and k norms
+        embeddings = self.vocab_size * h * (1 if self.tie_word_embeddings else 2)
+        return embeddings + self.num_layers * (attention + mlp + norms) + h
 
     @classmethod
     def from_dir(cls, path) -> "ModelConfig":
-        file = Path(path) / "config.json"
+        file = checkpoint_file(path, "config.json")
         if not file.is_file():
             raise FileNotFoundError(f"{file}: no config.json, so this is not a model directory")
         return cls.from_hf(read_json(file), source=str(file))

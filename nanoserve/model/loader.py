@@ -9,7 +9,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from tqdm.auto import tqdm
 
-from nanoserve.model.config import ModelConfig, read_json
+from nanoserve.model.config import ModelConfig, checkpoint_file, read_json
 from nanoserve.model.qwen3 import Qwen3ForCausalLM
 
 # Tensors some checkpoints carry that we recompute instead of loading.
@@ -33,24 +33,54 @@ def open_weights(file: Path, device="cpu"):
         raise ValueError(f"{file}: not a readable safetensors file, truncated or damaged? ({e})") from None
 
 
+def available_memory(device) -> int | None:
+    """Bytes free for new tensors on `device`: a GPU's free memory, or the RAM the system can still
+    give (None where we cannot tell)."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    if device.type != "cpu":
+        return None
+    try:  # Linux's MemAvailable counts the page cache it would drop for us; free pages alone do not
+        with open("/proc/meminfo") as f:
+            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
+    except (OSError, StopIteration, ValueError):
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, ValueError, OSError):  # no such counter (macOS, Windows)
+        return None
+
+
+def check_memory(config: ModelConfig, dtype: torch.dtype, device, source, share: int = 1) -> None:
+    """Refuse a model whose weights cannot fit on `device` before allocating any of them; share: the
+    part one process holds (tensor parallelism cuts the weights about evenly)."""
+    needed = config.num_parameters() * dtype.itemsize // share
+    free = available_memory(device)
+    if free is not None and needed > free:
+        raise ValueError(f"{source}: this model needs {needed / 2**30:.1f} GiB for its weights in {dtype}, "
+                         f"and {device} has {free / 2**30:.1f} GiB available")
+
+
 def weight_files(path: Path) -> dict[str, Path]:
     """Map every tensor name to the safetensors file that holds it (single file or sharded)."""
-    index = path / "model.safetensors.index.json"
+    index = checkpoint_file(path, "model.safetensors.index.json")
     if index.is_file():
         weight_map = read_json(index).get("weight_map")
         if not isinstance(weight_map, dict):
             raise ValueError(f'{index}: no "weight_map" object mapping tensor names to shard files')
-        # abspath tidies "..", but unlike resolve() keeps symlinks: the Hugging Face cache links
-        # every shard to a blob elsewhere, while "../../x" or "/x" would read outside the model.
+        # abspath tidies "..", but unlike resolve() keeps symlinks: "../../x" or "/x" names a file
+        # outside the model; where a symlink leads is checkpoint_file's question.
         root = os.path.abspath(path)
         for name, f in weight_map.items():
             if not isinstance(f, str) or os.path.commonpath([root, os.path.abspath(path / f)]) != root:
                 raise ValueError(f"{index}: tensor {name} points at {f!r}, outside the model directory")
-        missing = sorted({f for f in weight_map.values() if not (path / f).is_file()})
+        shards = {f: checkpoint_file(path, f) for f in sorted(set(weight_map.values()))}
+        missing = [f for f, file in shards.items() if not file.is_file()]
         if missing:
             raise FileNotFoundError(f"{index} lists shards that are not there: {missing}")
-        return {name: path / f for name, f in weight_map.items()}
-    files = sorted(path.glob("*.safetensors"))
+        return {name: shards[f] for name, f in weight_map.items()}
+    files = [checkpoint_file(path, file.name) for file in sorted(path.glob("*.safetensors"))]
     if not files:
         raise FileNotFoundError(f"{path}: no *.safetensors weight files")
     names = {}
@@ -87,6 +117,7 @@ def load_model(path, dtype: torch.dtype | None = None, device=None, model_cls=Qw
     config = ModelConfig.from_dir(path)
     device = torch.device(device) if device is not None else default_device()
     dtype = dtype or default_dtype(device)
+    check_memory(config, dtype, device, path / "config.json")  # 100,000 layers fail here, not in a minute
 
     with torch.device("meta"):  # shapes only: no memory, no random init to throw away
         model = model_cls(config, **model_args)
@@ -120,7 +151,7 @@ def load_model(path, dtype: torch.dtype | None = None, device=None, model_cls=Qw
 def eos_token_ids(path, tokenizer=None) -> set[int]:
     """Every token id that ends generation: generation_config.json's, plus the tokenizer's."""
     ids = set()
-    gen = Path(path) / "generation_config.json"
+    gen = checkpoint_file(path, "generation_config.json")
     if gen.is_file():
         eos = read_json(gen).get("eos_token_id")
         ids.update(eos if isinstance(eos, list) else [eos] if eos is not None else [])
@@ -134,22 +165,48 @@ def eos_token_ids(path, tokenizer=None) -> set[int]:
 TOKENIZER_FILES = (("tokenizer.json",), ("tokenizer.model",), ("vocab.json", "merges.txt"))
 
 
+def custom_code(path: Path) -> str:
+    """The auto_map entries by which a checkpoint asks transformers to import its own tokenizer code."""
+    entries = []
+    for name in ("tokenizer_config.json", "config.json"):
+        auto_map = read_json(path / name).get("auto_map") if (path / name).is_file() else None
+        if isinstance(auto_map, list):  # tokenizer_config.json's old form: just the [slow, fast] classes
+            auto_map = {"AutoTokenizer": auto_map}
+        refs = auto_map.get("AutoTokenizer") if isinstance(auto_map, dict) else None
+        for ref in refs if isinstance(refs, list) else [refs]:
+            if isinstance(ref, str):  # "module.Class", or "org/repo--module.Class" for code in another repo
+                module = ref.split("--")[-1].rpartition(".")[0]
+                entries.append(f"{name} auto_map AutoTokenizer: {ref}, in {module}.py")
+    return "; ".join(entries) or "an auto_map entry"
+
+
 def load_tokenizer(path):
-    """transformers' tokenizer for a model directory; missing or corrupt files fail naming them."""
+    """transformers' tokenizer for a model directory; missing or corrupt files fail naming them. The
+    checkpoint's own Python code, if it has any, never runs."""
     from transformers import AutoTokenizer  # slow to import; only needed here
 
     path = Path(path)
     if not path.is_dir():
         raise FileNotFoundError(f"{path}: model directory does not exist")
+    for file in path.iterdir():  # transformers picks the files it reads by name: no link may lead out
+        checkpoint_file(path, file.name)
     if not any(all((path / f).is_file() for f in group) for group in TOKENIZER_FILES):
         wanted = " or ".join(" + ".join(group) for group in TOKENIZER_FILES)
         raise FileNotFoundError(f"{path}: no tokenizer files: it needs {wanted}")
     try:
-        return AutoTokenizer.from_pretrained(path)
-    except Exception:
+        # Left to decide, transformers asks on the terminal whether to import the checkpoint's code
+        # (its auto_map) and runs it on "y". False: a standard tokenizer loads, and code is refused.
+        return AutoTokenizer.from_pretrained(path, trust_remote_code=False)
+    except Exception as e:
         # transformers' JSON errors do not say which file. We look only after a failure: parsing
         # a 10 MB tokenizer.json a second time on every start would cost half a second.
         for name in ("tokenizer.json", "tokenizer_config.json"):
             if (path / name).is_file():
                 read_json(path / name)
+        if "trust_remote_code" in str(e):  # its refusal: this tokenizer exists only as that code
+            raise ValueError(f"{path}: this checkpoint's tokenizer exists only as its own Python code "
+                             f"({custom_code(path)}), and nanoserve never runs a checkpoint's own code; a "
+                             "tokenizer.json with a tokenizer_class transformers knows would load") from None
+        if not isinstance(e, (OSError, ValueError)):  # transformers' own checks of config.json, say: one clear line
+            raise ValueError(f"{path}: transformers cannot load this tokenizer ({type(e).__name__}: {e})") from e
         raise

@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from nanoserve.model.config import ModelConfig
-from nanoserve.model.loader import files_to_read, open_weights
+from nanoserve.model.loader import check_memory, files_to_read, open_weights
 from nanoserve.model.qwen3_fused import FusedQwen3ForCausalLM
 from nanoserve.model.tp_layers import ParallelLMHead, RowParallelLinear, TPGroup, VocabParallelEmbedding, vocab_shard
 
@@ -96,6 +96,7 @@ def load_tp_model(path, group: TPGroup, dtype: torch.dtype, device, compiled: bo
     only the requested rows or columns from the file): no rank ever holds the whole model."""
     path = Path(path)
     config = ModelConfig.from_dir(path)
+    check_memory(config, dtype, device, path / "config.json", share=group.size)  # before allocating, as lesson 01
     with torch.device("meta"):  # shapes only, as lesson 01's loader does
         model = TPQwen3ForCausalLM(config, group, compiled)
         full_shapes = {n: t.shape for n, t in FusedQwen3ForCausalLM(config).checkpoint_tensors().items()}
