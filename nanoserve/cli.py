@@ -38,6 +38,13 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _non_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
 def _non_negative_float(text: str) -> float:
     value = float(text)
     if not value >= 0:
@@ -98,6 +105,8 @@ def add_serve_parser(sub) -> None:
     serve.add_argument("--served-model-name", default=None, help="the model's name in the API (default: MODEL)")
     serve.add_argument("--max-waiting-requests", type=_positive_int, default=256,
                        help="requests that may wait beyond the running batch; more get HTTP 503 (default 256)")
+    serve.add_argument("--max-logprobs", type=_non_negative_int, default=20,
+                       help="the most log-probs a request may ask for per token; more get HTTP 400 (default 20)")
     serve.add_argument("--max-model-len", type=_positive_int, default=4096)
     serve.add_argument("--max-num-seqs", type=_positive_int, default=256)
     serve.add_argument("--max-num-batched-tokens", type=_positive_int, default=8192)
@@ -222,7 +231,7 @@ def serve(args) -> int:
               enforce_eager=True if args.enforce_eager else None, tensor_parallel_size=args.tensor_parallel_size,
               custom_all_reduce=args.custom_all_reduce,
               gpu_memory_utilization=args.gpu_memory_utilization, num_gpu_blocks_override=args.num_gpu_blocks_override,
-              seed=args.seed, device=args.device)
+              seed=args.seed, device=args.device, max_logprobs=args.max_logprobs)
     serve_http(llm, args.served_model_name or args.model, args.host, args.port, args.max_waiting_requests,
                args.api_key)
     return 0

@@ -15,6 +15,7 @@ from nanoserve.serve.protocol import BadRequest, CompletionRequest, sampling_par
 
 MODEL = "tiny-qwen3"
 MAX_NUM_SEQS, MAX_WAITING = 8, 24  # the server holds at most 32 requests
+MAX_LOGPROBS = 5  # below the default (20): the flag must reach the server's checks
 
 
 def free_port() -> int:
@@ -27,7 +28,8 @@ def free_port() -> int:
 def server():
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "nanoserve.cli", "serve", MODEL, "--port", str(port),
-                             "--max-num-seqs", str(MAX_NUM_SEQS), "--max-waiting-requests", str(MAX_WAITING)],
+                             "--max-num-seqs", str(MAX_NUM_SEQS), "--max-waiting-requests", str(MAX_WAITING),
+                             "--max-logprobs", str(MAX_LOGPROBS)],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -105,6 +107,13 @@ def test_api_key_guards_the_v1_routes(llm):
         assert http.get("/v1/models", headers={"Authorization": "Bearer wrong"}).json()["error"]["code"] == 401
         assert http.get("/v1/models", headers={"Authorization": "Bearer secret"}).status_code == 200
         assert http.get("/health").status_code == 200
+        # the key comes first: a malformed body without it is a 401, not a 400 about the body
+        json_type = {"content-type": "application/json"}
+        for key in ({}, {"Authorization": "Bearer wrong"}):
+            reply = http.post("/v1/completions", content=b"{not json", headers={**json_type, **key})
+            assert reply.status_code == 401 and reply.json()["error"]["type"] == "authentication_error"
+        key = {"Authorization": "Bearer secret"}
+        assert http.post("/v1/completions", content=b"{not json", headers={**json_type, **key}).status_code == 400
 
 
 # Against the server.
@@ -186,6 +195,23 @@ def test_bad_requests_get_400_and_the_server_goes_on(server):
     raw = httpx.post(f"{url}/v1/completions", content=b"{not json", headers={"content-type": "application/json"})
     assert raw.status_code == 400 and set(raw.json()["error"]) == {"message", "type", "param", "code"}
     assert api.completions.create(model=MODEL, prompt="Hi", max_tokens=3).choices[0].finish_reason in ("length", "stop")
+
+
+def test_limits_get_400_naming_the_parameter(server):
+    """n over 128 and log-probs over the server's --max-logprobs, refused before anything is queued."""
+    _, url = server
+    api = client(url)
+    chat = [{"role": "user", "content": "Hi"}]
+    refused = [(api.completions.create, dict(prompt="Hi", n=129), "n"),
+               (api.completions.create, dict(prompt="Hi", logprobs=MAX_LOGPROBS + 1), "logprobs"),
+               (api.chat.completions.create, dict(messages=chat, logprobs=True, top_logprobs=MAX_LOGPROBS + 1),
+                "top_logprobs")]
+    for create, args, param in refused:
+        with pytest.raises(openai.BadRequestError) as bad:
+            create(model=MODEL, max_tokens=2, **args)
+        assert bad.value.body["param"] == param
+    reply = api.completions.create(model=MODEL, prompt="Hi", max_tokens=2, logprobs=MAX_LOGPROBS)
+    assert len(reply.choices[0].logprobs.top_logprobs[0]) >= MAX_LOGPROBS
 
 
 def test_a_full_queue_answers_503(server):

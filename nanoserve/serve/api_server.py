@@ -9,36 +9,96 @@
     POST /v1/completions       a prompt (text or token ids) -> text; stream: true for server-sent events
     POST /v1/chat/completions  messages, through the model's chat template -> a message
 
-Faults: a bad request gets HTTP 400 with OpenAI's error JSON and changes nothing else; a full server
-gets 503; a client that goes away mid-stream aborts its request. SIGINT/SIGTERM: the listener closes,
-requests in flight end with a final error event, and the process exits 0.
+Faults, every one answered with OpenAI's error JSON: a bad request gets HTTP 400 naming the parameter and
+changes nothing else (limits: n <= 128, log-probs <= the LLM's max_logprobs, a body <= 8 MiB by default);
+without the API key, 401 before the body is read; a full server 503; a request the engine fails 500 (a
+stream: a final error event), while the others go on. A client that goes away mid-stream aborts its
+request. SIGINT/SIGTERM: the listener closes, requests in flight end with a final error event, and the
+process exits 0.
 """
 import asyncio
+import secrets
 import signal
 from contextlib import asynccontextmanager
 
 import uvicorn
-from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi import APIRouter, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from jinja2 import TemplateError
+from starlette.exceptions import HTTPException
 
-from nanoserve.serve.async_engine import AsyncEngine, EngineStopped, QueueFull, RequestStream
+from nanoserve.serve.async_engine import AsyncEngine, EngineStopped, QueueFull, RequestFailed, RequestStream
 from nanoserve.serve.metrics import ServerMetrics
-from nanoserve.serve.protocol import BadRequest, ChatCompletionRequest, CompletionRequest, chat_logprobs, chat_response, chunk, completion_logprobs, completion_response, error_body, message_text, new_id, sampling_params, sse, usage
+from nanoserve.serve.protocol import BadRequest, ChatCompletionRequest, CompletionRequest, chat_logprobs, chat_response, check_limits, chunk, completion_logprobs, completion_response, error_body, message_text, new_id, parse_body, sampling_params, sse, usage
+
+MAX_BODY_BYTES = 8 * 2**20  # 8 MiB: a prompt that fits max_model_len is far smaller, as text or as token ids
 
 
 class ModelNotFound(LookupError):
     pass
 
 
-class Unauthorized(PermissionError):
-    pass
+def error_response(status: int, type_: str, message: str, param: str | None = None, headers=None) -> JSONResponse:
+    return JSONResponse(error_body(message, type_, status, param), status_code=status, headers=headers)
 
 
-def build_app(llm, model_name: str, max_waiting_requests: int = 256, api_key: str | None = None) -> FastAPI:
+class GuardV1:
+    """ASGI middleware in front of the /v1 routes; it runs before FastAPI reads anything. With an API key,
+    a request without it gets 401 before its body is looked at. A POST body is read up to max_body_bytes
+    (beyond: 400, and the rest is never stored) and checked by parse_body (400 for invalid UTF-8 or JSON,
+    deep nesting, text that is not valid Unicode). Then the body goes on to FastAPI unchanged, which parses
+    it once more into the endpoint's model (C json and pydantic-core: milliseconds at this size)."""
+
+    def __init__(self, app, api_key: str | None, max_body_bytes: int):
+        self.app, self.max_body_bytes = app, max_body_bytes
+        self.authorization = None if api_key is None else f"Bearer {api_key}".encode()
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or not (scope["path"] + "/").startswith("/v1/"):
+            return await self.app(scope, receive, send)
+
+        def reply(status: int, type_: str, message: str, param: str | None = None):
+            return error_response(status, type_, message, param)(scope, receive, send)
+
+        given = dict(scope["headers"]).get(b"authorization", b"")
+        if self.authorization is not None and not secrets.compare_digest(given, self.authorization):
+            return await reply(401, "authentication_error", "invalid or missing API key")
+        if scope["method"] != "POST":
+            return await self.app(scope, receive, send)
+        body, more = bytearray(), True
+        while more:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return  # the client left before it sent the whole body
+            body += message.get("body", b"")
+            more = message.get("more_body", False)
+            if len(body) > self.max_body_bytes:
+                return await reply(400, "invalid_request_error",
+                                   f"the request body is over this server's limit of {self.max_body_bytes} bytes")
+        body = bytes(body)
+        try:
+            await asyncio.to_thread(parse_body, body)  # a big body takes a while: not on the event loop
+        except BadRequest as e:
+            return await reply(400, "invalid_request_error", str(e), e.param)
+        replayed = False
+
+        async def replay():  # FastAPI's receive: the body we read, then the client's own (its disconnect)
+            nonlocal replayed
+            if replayed:
+                return await receive()
+            replayed = True
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        await self.app(scope, replay, send)
+
+
+def build_app(llm, model_name: str, max_waiting_requests: int = 256, api_key: str | None = None,
+              max_body_bytes: int = MAX_BODY_BYTES) -> FastAPI:
     """The app for one loaded LLM. Its AsyncEngine starts with the server's event loop (lifespan)."""
     metrics = ServerMetrics(model_name)
     tokenizer = llm.tokenizer
+    max_logprobs = getattr(llm, "max_logprobs", 20)  # the LLM's cap (vLLM's default: 20)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -47,40 +107,43 @@ def build_app(llm, model_name: str, max_waiting_requests: int = 256, api_key: st
         await app.state.engine.close()
 
     app = FastAPI(title="nanoserve", lifespan=lifespan)
+    app.add_middleware(GuardV1, api_key=api_key, max_body_bytes=max_body_bytes)  # the API key, the body's checks
 
     # Errors, all in OpenAI's shape.
-    def error(status: int, type_: str, message: str, param: str | None = None) -> JSONResponse:
-        return JSONResponse(error_body(message, type_, status, param), status_code=status)
-
     @app.exception_handler(RequestValidationError)
     async def on_invalid(_, exc: RequestValidationError):
         first = exc.errors()[0]
         fields = [str(p) for p in first["loc"] if p != "body"]
         param = fields[0] if fields else None  # the request's field (deeper parts name pydantic's union types)
-        return error(400, "invalid_request_error", f"{param}: {first['msg']}", param)
+        message = f"{param}: {first['msg']}" if param else first["msg"]
+        return error_response(400, "invalid_request_error", message, param)
 
     @app.exception_handler(BadRequest)
     async def on_bad_request(_, exc: BadRequest):
-        return error(400, "invalid_request_error", str(exc), exc.param)
+        return error_response(400, "invalid_request_error", str(exc), exc.param)
 
     @app.exception_handler(ModelNotFound)
     async def on_unknown_model(_, exc: ModelNotFound):
-        return error(404, "invalid_request_error", str(exc), "model")
+        return error_response(404, "invalid_request_error", str(exc), "model")
 
     @app.exception_handler(QueueFull)
     @app.exception_handler(EngineStopped)
     async def on_unavailable(_, exc: Exception):
-        return error(503, "service_unavailable_error", str(exc))
+        return error_response(503, "service_unavailable_error", str(exc))
 
-    @app.exception_handler(Unauthorized)
-    async def on_unauthorized(_, exc: Unauthorized):
-        return error(401, "authentication_error", str(exc))
+    @app.exception_handler(RequestFailed)
+    async def on_failed(_, exc: RequestFailed):  # the engine failed this request; the others go on
+        return error_response(500, "server_error", str(exc))
 
-    async def check_api_key(request: Request) -> None:
-        if api_key is not None and request.headers.get("authorization") != f"Bearer {api_key}":
-            raise Unauthorized("invalid or missing API key")
+    @app.exception_handler(HTTPException)
+    async def on_http_error(_, exc: HTTPException):  # FastAPI's own: an unknown path (404), a wrong method (405)
+        return error_response(exc.status_code, "invalid_request_error", str(exc.detail), headers=exc.headers)
 
-    v1 = APIRouter(prefix="/v1", dependencies=[Depends(check_api_key)])  # the routes an API key guards
+    @app.exception_handler(Exception)
+    async def on_bug(_, exc: Exception):  # a bug of ours: the client still gets JSON; uvicorn logs the traceback
+        return error_response(500, "server_error", f"internal server error ({type(exc).__name__})")
+
+    v1 = APIRouter(prefix="/v1")  # GuardV1 checks these routes' API key
 
     # Helpers shared by the two generation endpoints.
     def engine(request: Request) -> AsyncEngine:
@@ -89,6 +152,15 @@ def build_app(llm, model_name: str, max_waiting_requests: int = 256, api_key: st
     def check_model(name: str | None) -> None:
         if name is not None and name != model_name:
             raise ModelNotFound(f"model {name!r} is not served here; this server serves {model_name!r}")
+
+    def chat_prompt(conversation: list[dict]) -> list[int]:
+        """The conversation through the model's chat template, as token ids."""
+        try:
+            ids = tokenizer.apply_chat_template(conversation, add_generation_prompt=True, tokenize=True,
+                                                enable_thinking=False)
+        except TemplateError as e:  # the template refuses these messages (some want a user turn, say)
+            raise BadRequest(f"the chat template rejects these messages: {e}", "messages") from None
+        return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
 
     async def start(request: Request, prompt_ids: list[int], params, stream_text: bool) -> RequestStream:
         try:
@@ -165,8 +237,9 @@ def build_app(llm, model_name: str, max_waiting_requests: int = 256, api_key: st
     @v1.post("/completions")
     async def completions(body: CompletionRequest, request: Request):
         check_model(body.model)
-        if isinstance(body.prompt, str):
-            prompt_ids = tokenizer.encode(body.prompt)
+        check_limits(body, max_logprobs)
+        if isinstance(body.prompt, str):  # seconds for a long prompt: in a thread, as other streams go on
+            prompt_ids = await asyncio.to_thread(tokenizer.encode, body.prompt)
         else:
             prompt_ids = body.prompt
         params = sampling_params(body, body.max_tokens, body.logprobs, default_max_tokens=16)
@@ -188,15 +261,14 @@ def build_app(llm, model_name: str, max_waiting_requests: int = 256, api_key: st
     @v1.post("/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request):
         check_model(body.model)
+        check_limits(body, max_logprobs)
         if not body.messages:
             raise BadRequest("messages must not be empty", "messages")
-        conversation = [{"role": m.role, "content": message_text(m)} for m in body.messages]
-        ids = tokenizer.apply_chat_template(conversation, add_generation_prompt=True, tokenize=True,
-                                            enable_thinking=False)
-        prompt_ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
         top = body.top_logprobs or 0
         if body.top_logprobs is not None and not body.logprobs:
             raise BadRequest("top_logprobs needs logprobs: true", "top_logprobs")
+        conversation = [{"role": m.role, "content": message_text(m)} for m in body.messages]
+        prompt_ids = await asyncio.to_thread(chat_prompt, conversation)  # renders and tokenises: in a thread
         max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
         params = sampling_params(body, max_tokens, top if body.logprobs else None,
                                  default_max_tokens=max(llm.max_model_len - len(prompt_ids), 1))

@@ -14,8 +14,13 @@ task at a time, and everything else happens on the event loop's thread.
 
 An abort (a client that went away, a shutdown) takes effect before the next step starts: the
 sequence leaves the scheduler's queues and gives its KV blocks back, so they are free within one step.
+
+A failure stays with the requests it belongs to. A step that raises fails the requests the engine names
+as that step's (engine.step_seqs); a sequence the engine fails alone comes back as (seq, None) with
+finish_reason "error" and fails its own request. Every other request goes on as if nothing happened.
 """
 import asyncio
+import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -30,6 +35,14 @@ class QueueFull(RuntimeError):
 
 class EngineStopped(RuntimeError):
     """The engine is shutting down (or its loop died): it takes no more requests (HTTP 503)."""
+
+
+class RequestFailed(RuntimeError):
+    """The engine failed this request (its step raised, or it failed the sequence alone): HTTP 500, or a
+    stream's final error event. The server and the other requests go on."""
+
+
+logger = logging.getLogger("nanoserve.serve")
 
 
 @dataclass
@@ -141,10 +154,11 @@ class AsyncEngine:
                     continue
                 try:
                     outputs = await loop.run_in_executor(self.executor, self.engine.step)
-                except Exception as e:  # a failed step fails the requests in it; the server goes on
-                    self._fail_all(RuntimeError(f"engine step failed: {type(e).__name__}: {e}"))
+                except Exception as e:  # a failed step fails the requests in it; the others go on
+                    self._fail_step(e)
                     continue
                 self._deliver(outputs)
+                self._fail_errored(outputs)
         finally:
             self.stopping = True
             self._fail_all(EngineStopped("the server is shutting down"))
@@ -187,16 +201,49 @@ class AsyncEngine:
         stream.num_unfinished = 0
         self.requests.discard(stream)
 
-    def _fail_all(self, error: Exception) -> None:
-        failing = list(self.requests)
-        for stream in failing:  # every caller hears of it first, whatever happens next
+    def _fail(self, streams: list[RequestStream], error: Exception) -> None:
+        """End these requests with `error`, then take them out of the engine and our books (_forget)."""
+        for stream in streams:  # every caller hears of it first, whatever happens next
             if not stream.accepted.done():
                 stream.accepted.set_exception(error)
             else:
                 stream.queue.put_nowait(error)
-        for stream in failing:
+        for stream in streams:
             self._forget(stream)
+
+    def _fail_all(self, error: Exception) -> None:
+        self._fail(list(self.requests), error)
         self.to_add.clear()
+
+    def _fail_step(self, error: Exception) -> None:
+        """A step raised: fail the requests it was running, and only those. The engine names the step's
+        sequences (step_seqs, lesson 05); an engine that does not gets its running requests failed, never
+        the waiting ones. If that names no request (a step that ran nothing at all), the engine cannot go
+        on with what it holds: every request fails, or the loop would retry the same step forever."""
+        # (a copy: _forget takes sequences out of scheduler.running)
+        seqs = list(getattr(self.engine, "step_seqs", None) or self.engine.scheduler.running)
+        failing = list(dict.fromkeys(self.by_seq[s.seq_id] for s in seqs if s.seq_id in self.by_seq))
+        failing = failing or list(self.requests)
+        logger.error("engine step failed; failing the %d request(s) in it", len(failing), exc_info=error)
+        self._fail(failing, RequestFailed(f"engine step failed: {type(error).__name__}: {error}"))
+        self._count_failed(failing)
+
+    def _fail_errored(self, outputs: list[tuple[Sequence, int | None]]) -> None:
+        """The sequences the engine failed alone: (seq, None) with finish_reason "error" and seq.error
+        saying why (the engine gave their blocks back already). Each fails its own request, the request's
+        other completions included; nobody else notices."""
+        for seq, token in outputs:
+            stream = self.by_seq.get(seq.seq_id)
+            if token is None and seq.finish_reason == "error" and stream is not None:
+                logger.warning("a request failed: %s", seq.error)
+                self._fail([stream], RequestFailed(f"the request failed: {seq.error}"))
+                self._count_failed([stream])
+
+    def _count_failed(self, streams: list[RequestStream]) -> None:
+        if self.metrics:
+            now = time.perf_counter()
+            for stream in streams:
+                self.metrics.request_finished(now - stream.arrival, "error")
 
     def _deliver(self, outputs: list[tuple[Sequence, int | None]]) -> None:
         now = time.perf_counter()

@@ -72,6 +72,69 @@ class ChatCompletionRequest(SamplingRequest):
     top_logprobs: int | None = None
 
 
+MAX_N = 128  # completions per request, OpenAI's cap: each one is a sequence in the batch
+MAX_JSON_DEPTH = 64  # a real request nests a few levels; JSON far deeper only tests the parser's stack
+
+
+def parse_body(raw: bytes) -> dict:
+    """A request body as JSON, with the checks pydantic cannot make, each a BadRequest: UTF-8, JSON, one
+    object, nesting at most MAX_JSON_DEPTH deep, and text that is valid Unicode (JSON can escape half a
+    surrogate pair, "\\ud800", which Python decodes to a string no tokenizer takes and no response encodes)."""
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise BadRequest(f"the request body is not valid UTF-8 (byte {e.start})") from None
+    except json.JSONDecodeError as e:
+        raise BadRequest(f"the request body is not valid JSON: {e.msg} (line {e.lineno}, column {e.colno})") from None
+    except RecursionError:  # nested deeper than the parser's stack
+        raise BadRequest(f"the request body nests deeper than {MAX_JSON_DEPTH} levels") from None
+    if not isinstance(data, dict):
+        raise BadRequest("the request body must be a JSON object")
+    for field, value in data.items():
+        if not is_text(field):
+            raise BadRequest("a field name is not valid Unicode")
+        problem = json_problem([value])  # the list stands for the body (level 1); a string gets checked too
+        if problem is not None:
+            raise BadRequest(f"{field} {problem}", field)
+    return data
+
+
+def is_text(s: str) -> bool:
+    """Whether s is valid Unicode: no lone surrogate, so UTF-8 can encode it."""
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def json_problem(value: list | dict) -> str | None:
+    """What is wrong with parsed JSON (nesting beyond MAX_JSON_DEPTH, a string or key that is not valid
+    Unicode), or None. It walks with a stack: a recursive walk would fail on the deep JSON it looks for."""
+    stack = [(value, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if depth > MAX_JSON_DEPTH:
+            return f"nests deeper than {MAX_JSON_DEPTH} levels"
+        for child in ([*value, *value.values()] if isinstance(value, dict) else value):
+            if isinstance(child, str) and not is_text(child):
+                return "holds text that is not valid Unicode (a lone surrogate, such as \\ud800)"
+            if isinstance(child, (list, dict)):
+                stack.append((child, depth + 1))
+    return None
+
+
+def check_limits(request: SamplingRequest, max_logprobs: int) -> None:
+    """The caps on what one request may cost, checked before its prompt is tokenised or queued: n at most
+    MAX_N, and at most max_logprobs log-probs per token (the LLM's cap: each one is JSON in the response)."""
+    if request.n > MAX_N:
+        raise BadRequest(f"n must be at most {MAX_N}, got {request.n}", "n")
+    name = "top_logprobs" if isinstance(request, ChatCompletionRequest) else "logprobs"
+    asked = getattr(request, name)
+    if asked is not None and not 0 <= asked <= max_logprobs:
+        raise BadRequest(f"{name} must be in [0, {max_logprobs}] (the server's max_logprobs), got {asked}", name)
+
+
 def message_text(message: ChatMessage) -> str:
     if isinstance(message.content, str):
         return message.content
