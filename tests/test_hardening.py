@@ -28,7 +28,8 @@ def model_dir(tmp_path_factory):
 
 def make_llm(model_dir, caching=True, chunked=True, **kw):
     kw = {"max_num_batched_tokens": 64 if chunked else 512, **kw}
-    return LLM(str(model_dir), max_model_len=512, num_gpu_blocks_override=96, block_size=16,
+    # On the CPU on any machine: faults are injected where lesson 05's eager step runs (a GPU replays graphs)
+    return LLM(str(model_dir), max_model_len=512, num_gpu_blocks_override=96, block_size=16, device="cpu",
                enable_prefix_caching=caching, enable_chunked_prefill=chunked, **kw)
 
 

@@ -29,7 +29,7 @@ def server():
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "nanoserve.cli", "serve", MODEL, "--port", str(port),
                              "--max-num-seqs", str(MAX_NUM_SEQS), "--max-waiting-requests", str(MAX_WAITING),
-                             "--max-logprobs", str(MAX_LOGPROBS)],
+                             "--max-logprobs", str(MAX_LOGPROBS), "--device", "cpu"],  # CPU defaults, on any machine
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -55,7 +55,7 @@ def llm():
     """The same model in this process: the oracle for the server's answers."""
     from nanoserve import LLM
 
-    with LLM(MODEL) as llm:
+    with LLM(MODEL, device="cpu") as llm:
         yield llm
 
 

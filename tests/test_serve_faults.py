@@ -24,7 +24,8 @@ ERROR_KEYS = {"message", "type", "param", "code"}
 def llm():
     from nanoserve import LLM
 
-    with LLM(MODEL, max_model_len=512, max_num_seqs=4, num_gpu_blocks_override=64) as llm:
+    # On the CPU on any machine: the faults are injected into lesson 05's step (a GPU's replays skip run())
+    with LLM(MODEL, max_model_len=512, max_num_seqs=4, num_gpu_blocks_override=64, device="cpu") as llm:
         yield llm
 
 
