@@ -89,7 +89,8 @@ def test_fused_sampler_gives_lesson_02s_tokens():
 def reference_tokens():
     from nanoserve.engine.llm import LLM
 
-    with LLM("tiny-qwen3", max_model_len=128, num_gpu_blocks_override=64, enforce_eager=True, fused_ops=False) as llm:
+    with LLM("tiny-qwen3", max_model_len=128, num_gpu_blocks_override=64, enforce_eager=True, fused_ops=False,
+             device="cpu") as llm:
         return _tokens(llm)
 
 
@@ -105,7 +106,7 @@ def _tokens(llm):
 def test_llm_switches_on_a_cpu_give_the_eager_engines_tokens(reference_tokens, switches):
     from nanoserve.engine.llm import LLM
 
-    with LLM("tiny-qwen3", max_model_len=128, num_gpu_blocks_override=64, **switches) as llm:
+    with LLM("tiny-qwen3", max_model_len=128, num_gpu_blocks_override=64, device="cpu", **switches) as llm:
         assert isinstance(llm.model, FusedQwen3ForCausalLM)  # fused_ops is on by default
         assert llm.enforce_eager == ("enforce_eager" not in switches)  # a CPU is eager unless asked
         runner = llm.engine.runner
