@@ -73,10 +73,16 @@ def check_rms_norm(rms_norm) -> None:
         ref.weight.data.copy_(w)
         _close(f"rms_norm(x of shape {shape}, eps={eps})", rms_norm(x, w, eps), ref(x), 1e-5,
                "Normalise over the last dim only, and add eps inside the square root.")
-    x = torch.randn(4, 64, generator=gen).to(torch.bfloat16)
-    got = rms_norm(x, torch.ones(64, dtype=torch.bfloat16), 1e-6)
+    x = (torch.randn(8, 64, generator=gen) * 3).to(torch.bfloat16)
+    w = (1 + torch.randn(64, generator=gen) * 0.3).to(torch.bfloat16)  # not ones: the order of the cast shows
+    got = rms_norm(x, w, 1e-6)
     if not isinstance(got, torch.Tensor) or got.dtype != torch.bfloat16:
         raise AssertionError("rms_norm of a bfloat16 x must return bfloat16: compute in float32, then cast back")
+    ref = transformers.models.qwen3.modeling_qwen3.Qwen3RMSNorm(64, eps=1e-6).to(torch.bfloat16)
+    ref.weight.data.copy_(w)
+    if not torch.equal(got, ref(x)):  # bit for bit, as the lesson promises
+        raise AssertionError("rms_norm in bfloat16 differs from transformers' in the last bit: compute in float32, "
+                             "cast back to x's dtype, and only then multiply by the weight")
     print("✓ rms_norm matches transformers' Qwen3RMSNorm")
 
 

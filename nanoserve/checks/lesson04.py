@@ -107,6 +107,20 @@ def check_prefix_manager(manager_cls) -> None:
     admit(bm, "z", list(range(7, 15)))  # 4 blocks: the 3 uncached free ones, then one eviction
     if block_hash(None, [1, 2]) in bm.cached or block_hash(None, [4, 5]) not in bm.cached:
         raise AssertionError("eviction must take the least recently freed cached block (x's) first")
+    # Within one sequence the deepest block is evicted first: what is left of its chain stays findable
+    # (evicting the first block would make every later one unreachable, though still cached).
+    bm = manager_cls(num_blocks=5, block_size=2)
+    admit(bm, "x", [1, 2, 3, 4, 5, 6, 7])  # a chain of three full blocks, and a partial one
+    bm.free("x")
+    admit(bm, "z", list(range(20, 26)))  # 3 blocks: the 2 free ones (never used, x's partial), one eviction
+    first = block_hash(None, [1, 2])
+    second = block_hash(first, [3, 4])
+    if block_hash(second, [5, 6]) in bm.cached or first not in bm.cached or second not in bm.cached:
+        raise AssertionError("a finished sequence's blocks must be evicted deepest first (return them in reverse "
+                             "order): its first blocks, the ones other prompts share, stay cached longest")
+    bm.free("z")
+    if admit(bm, "w", [1, 2, 3, 4, 9]) != 4:
+        raise AssertionError("after one eviction, the first two blocks of the chain must still be found")
     # A random workload with heavy overlap, against the invariants.
     rng = random.Random(1)
     bm = manager_cls(num_blocks=30, block_size=3)

@@ -1,4 +1,6 @@
 """Checks for lesson 05 (the scheduler). Oracles: hand-worked scheduling cases, and each prompt run alone."""
+import random
+
 from nanoserve.checks.lesson01 import TINY_CONFIGS, hf_tiny_model
 from nanoserve.model.config import ModelConfig
 
@@ -59,12 +61,15 @@ def check_scheduler(scheduler_cls) -> None:
     s.add(a)
     s.add(b)
     _run(s, s.schedule())  # both prefilled: 4 blocks used, each sequence now has 9 tokens
+    c = _seq(2, 8, world=world)
+    s.add(c)  # it waits behind: no block is free
     batch = s.schedule()
     if [q.seq_id for q in batch.preempted] != [1] or [q.seq_id for q in batch.seqs] != [0]:
         raise AssertionError(f"out of blocks: preempted {[q.seq_id for q in batch.preempted]}, ran "
                              f"{[q.seq_id for q in batch.seqs]}; want sequence 1 (the newest) preempted, 0 running")
-    if b.status is not SequenceStatus.PREEMPTED or b.num_computed != 0 or s.waiting[0] is not b:
-        raise AssertionError("a preempted sequence is PREEMPTED, has num_computed 0, and waits at the front")
+    if b.status is not SequenceStatus.PREEMPTED or b.num_computed != 0 or list(s.waiting) != [b, c]:
+        raise AssertionError("a preempted sequence is PREEMPTED, has num_computed 0, and waits at the front "
+                             "of the queue, before the sequences that were already waiting")
     if 1 in s.cache.block_manager.block_tables:
         raise AssertionError("a preempted sequence's blocks go back to the pool")
     print("✓ scheduler: running first, chunked prefill within the token budget, max_num_seqs, newest preempted")
@@ -84,6 +89,24 @@ def check_prepare_inputs(prepare_inputs) -> None:
     if (list(map(tuple, got[0])), list(got[1])) != want:
         raise AssertionError(f"prepare_inputs gave {got}, want {want} ((seq_id, first new position, new token ids) "
                              f"per sequence, and which sequences sample)")
+    # Random batches: chunks that end anywhere, one token short of the prompt's end included.
+    rng = random.Random(5)
+    for _ in range(60):
+        seqs, nums = [], []
+        for i in range(rng.randint(1, 5)):
+            seq = _seq(10 + i, rng.randint(1, 12))
+            if rng.random() < 0.3:  # decoding: its sampled tokens computed but the last
+                seq.num_computed = seq.num_tokens
+                seq.append(rng.randint(0, 99))
+            seq.num_computed = rng.randint(0, seq.num_tokens - 1)
+            seqs.append(seq)
+            nums.append(rng.randint(1, seq.num_tokens - seq.num_computed))
+        want = ([(q.seq_id, q.num_computed, q.token_ids[q.num_computed:q.num_computed + n]) for q, n in zip(seqs, nums)],
+                [q.num_computed + n == q.num_tokens for q, n in zip(seqs, nums)])
+        got = prepare_inputs(ScheduledBatch(seqs, nums))
+        if (list(map(tuple, got[0])), list(got[1])) != want:
+            raise AssertionError(f"prepare_inputs gave {got}, want {want}: a sequence samples exactly when this "
+                                 f"step's tokens reach its last token")
     print("✓ prepare_inputs: each sequence's new tokens and first position; only finished prefixes sample")
 
 

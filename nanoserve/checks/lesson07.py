@@ -167,24 +167,40 @@ def _tp_logits_on_rank(rank, size, group_cls, load_tp_model, model):
 
 
 def check_checkpoint_slices(group_cls, load_tp_model, model: str = "tiny-qwen3") -> None:
+    from transformers.utils import logging as transformers_logging
+
+    from nanoserve.checks.lesson01 import hf_tiny_model
     from nanoserve.checks.lesson06 import tiny_qwen3_logits
     from nanoserve.model.loader import load_model
     from nanoserve.model.qwen3_fused import FusedQwen3ForCausalLM
     from nanoserve.model.zoo import resolve_model
 
-    whole = load_model(resolve_model(model), dtype=torch.float32, device="cpu", model_cls=FusedQwen3ForCausalLM)
-    want = tiny_qwen3_logits(whole)
-    layers = whole.config.num_layers
-    for rank, (logits, reduces) in enumerate(run_on_ranks(_tp_logits_on_rank, group_cls, load_tp_model, model)):
-        if not torch.allclose(logits, want, atol=1e-4, rtol=1e-4):
-            raise AssertionError(f"{model}, rank {rank}: TP=2 logits differ from the whole model's (max error "
-                                 f"{(logits - want).abs().max():.3g}). Which rows or columns does each weight give "
-                                 f"each rank: q/k/v/gate/up rows (output features), o/down columns (input features)?")
-        if reduces != 2 * layers + 1:
-            raise AssertionError(f"rank {rank}: {reduces} all-reduces in a forward; want 2 per layer (o_proj, "
-                                 f"down_proj) + 1 (the embedding) = {2 * layers + 1}")
+    with tempfile.TemporaryDirectory() as tmp:
+        # A second checkpoint with one K/V head: at TP=2 both ranks must hold (replicate) that head.
+        shown = transformers_logging.is_progress_bar_enabled()
+        transformers_logging.disable_progress_bar()  # its "Writing model shards" bar is not this check's output
+        try:
+            hf_tiny_model("Qwen3ForCausalLM", num_heads=4, num_kv_heads=1, head_dim=64, hidden=128, seed=4).save_pretrained(tmp)
+        finally:
+            if shown:
+                transformers_logging.enable_progress_bar()
+        for path, what in [(resolve_model(model), model), (tmp, "a model with 1 K/V head (replicated)")]:
+            whole = load_model(path, dtype=torch.float32, device="cpu", model_cls=FusedQwen3ForCausalLM)
+            want = tiny_qwen3_logits(whole)
+            layers = whole.config.num_layers
+            for rank, (logits, reduces) in enumerate(run_on_ranks(_tp_logits_on_rank, group_cls, load_tp_model,
+                                                                  str(path))):
+                if not torch.allclose(logits, want, atol=1e-4, rtol=1e-4):
+                    raise AssertionError(
+                        f"{what}, rank {rank}: TP=2 logits differ from the whole model's (max error "
+                        f"{(logits - want).abs().max():.3g}). Which rows or columns does each weight give each rank: "
+                        f"q/k/v/gate/up rows (output features), o/down columns (input features)? With fewer K/V "
+                        f"heads than ranks, which K/V head do a rank's query heads use?")
+                if reduces != 2 * layers + 1:
+                    raise AssertionError(f"rank {rank}: {reduces} all-reduces in a forward; want 2 per layer "
+                                         f"(o_proj, down_proj) + 1 (the embedding) = {2 * layers + 1}")
     print(f"✓ checkpoint_slices: {model} on 2 ranks gives the whole model's logits (float32) with "
-          f"{2 * layers + 1} all-reduces per forward")
+          f"{2 * layers + 1} all-reduces per forward, and so does a model whose one K/V head both ranks hold")
 
 
 # Every exercise of the lesson: its name -> the check, run on the implementation found in a namespace `ns`

@@ -5,6 +5,8 @@ import asyncio
 import json
 import threading
 
+from nanoserve.serve.metrics import ServerMetrics
+
 MODEL = "tiny-qwen3"
 
 
@@ -66,8 +68,10 @@ def check_deliver(engine_cls) -> None:
     with _small_llm() as llm:
         outs = llm.generate([p for p, _, _ in requests], [s for _, s, _ in requests], use_tqdm=False)
 
+        metrics = ServerMetrics("check")
+
         async def main():
-            engine = engine_cls(llm)
+            engine = engine_cls(llm, metrics=metrics)
             try:
                 streams = [await engine.add_request(p, s, text) for p, s, text in requests]
                 got = await asyncio.gather(*(_collect(st, s.n) for st, (_, s, _) in zip(streams, requests)))
@@ -99,8 +103,23 @@ def check_deliver(engine_cls) -> None:
         raise AssertionError(f"after every request finished, the engine still holds {left} requests and maps "
                              f"{mapped} sequences: a finished completion leaves by_seq, a finished request "
                              f"leaves self.requests")
+    lengths = [len(c.token_ids) for out in outs for c in out.outputs]
+
+    def sample(name, **labels):
+        return metrics.registry.get_sample_value(f"nanoserve:{name}", {"model_name": "check", **labels}) or 0
+
+    counted = {"generated tokens": (sample("generation_tokens_total"), sum(lengths)),
+               "first tokens (TTFT)": (sample("time_to_first_token_seconds_count"), len(requests)),
+               "inter-token gaps (ITL)": (sample("inter_token_latency_seconds_count"), sum(n - 1 for n in lengths)),
+               "finished requests": (sample("e2e_request_latency_seconds_count"), len(requests)),
+               "finished for length": (sample("request_success_total", finished_reason="length"), len(requests))}
+    wrong = {what: got for what, (got, want) in counted.items() if got != want}
+    if wrong:
+        raise AssertionError(f"the metrics counted {wrong}, want {({w: counted[w][1] for w in wrong})}: each token "
+                             f"goes through self._time_token, and a finished request through "
+                             f"metrics.request_finished (when the engine has metrics)")
     print(f"✓ _deliver: {len(requests)} concurrent requests (one with n=2) each get exactly LLM.generate's tokens, "
-          f"text and finish reasons, and leave nothing behind")
+          f"text and finish reasons, leave nothing behind, and are counted in the metrics")
 
 
 def check_abort(engine_cls) -> None:
@@ -168,7 +187,7 @@ def check_sse(sse) -> None:
         event = sse(case)
         if not isinstance(event, str):
             raise AssertionError(f"sse returns the event as a str, got {type(event).__name__}")
-        if not event.startswith("data: ") or not event.endswith("\n\n"):
+        if not event.startswith("data:") or not event.endswith("\n\n"):  # the space after data: is optional
             raise AssertionError(f"sse({case!r}) = {event!r}: an event is `data: <payload>` and a blank line")
         if event.count("\n") != 2:
             raise AssertionError(f"sse({case!r}) = {event!r}: one data line only (JSON keeps a newline in a "
