@@ -109,8 +109,9 @@ def check_slot_mapping(manager_cls) -> None:
 
 def check_gather_kv(gather_kv) -> None:
     gen = torch.Generator().manual_seed(13)
-    for block_size, length in [(4, 1), (4, 4), (4, 9), (16, 33)]:
-        cache = torch.randn(12, block_size, 2, 8, generator=gen)
+    # kv_heads larger than block_size too: a block_size read from the wrong dimension shows
+    for block_size, length, kv_heads in [(4, 1, 2), (4, 4, 2), (4, 9, 2), (16, 33, 2), (2, 5, 4), (1, 3, 8)]:
+        cache = torch.randn(12, block_size, kv_heads, 8, generator=gen)
         table = torch.randperm(12, generator=gen)[: -(-length // block_size)].to(torch.int32)
         padded = torch.cat([table, torch.full((3,), -1, dtype=torch.int32)])  # tables are padded with -1
         want = torch.cat([cache[b] for b in table.tolist()])[:length]

@@ -48,6 +48,15 @@ def check_scheduler(scheduler_cls) -> None:
     if steps != want:
         raise AssertionError(f"(sequence, tokens) per step: got {steps}, want {want}. Running sequences come first; "
                              f"a waiting prompt gets what is left of the budget; the rest of it comes in later steps.")
+    # Several waiting prompts share one budget: each admitted prompt takes its tokens out of it.
+    s = scheduler_cls(PagedKVCache(config, num_blocks=64, block_size=4), max_num_seqs=4, max_num_batched_tokens=8)
+    for i in range(3):
+        s.add(_seq(i, 5, world=world))
+    batch = s.schedule()
+    got = [(q.seq_id, n) for q, n in zip(batch.seqs, batch.num_new)]
+    if got != [(0, 5), (1, 3)] or [q.seq_id for q in s.waiting] != [2]:
+        raise AssertionError(f"three waiting 5-token prompts with a budget of 8: scheduled {got}, want [(0, 5), "
+                             f"(1, 3)] with sequence 2 still waiting: each admission spends its tokens")
     # max_num_seqs: a third sequence waits while two run.
     s = scheduler_cls(PagedKVCache(config, num_blocks=64, block_size=4), max_num_seqs=2, max_num_batched_tokens=64)
     for i in range(3):
@@ -67,6 +76,9 @@ def check_scheduler(scheduler_cls) -> None:
     if [q.seq_id for q in batch.preempted] != [1] or [q.seq_id for q in batch.seqs] != [0]:
         raise AssertionError(f"out of blocks: preempted {[q.seq_id for q in batch.preempted]}, ran "
                              f"{[q.seq_id for q in batch.seqs]}; want sequence 1 (the newest) preempted, 0 running")
+    if b in s.running or b.num_preemptions != 1:
+        raise AssertionError(f"a preempted sequence leaves the running list and counts the preemption "
+                             f"(num_preemptions {b.num_preemptions}, want 1)")
     if b.status is not SequenceStatus.PREEMPTED or b.num_computed != 0 or list(s.waiting) != [b, c]:
         raise AssertionError("a preempted sequence is PREEMPTED, has num_computed 0, and waits at the front "
                              "of the queue, before the sequences that were already waiting")
