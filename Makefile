@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 LESSONS ?= lessons
 
-.PHONY: setup test check mine export check-export lab
+.PHONY: setup test check mine export check-export lab mutate
 
 setup:  ## a virtual environment with everything: engine, JupyterLab, kernel, offline models
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -23,6 +23,9 @@ check:  ## each lesson's exercise checks on your code in lessons/ (LESSON=03: on
 
 mine:  ## your own engine in build/mine/ from lessons/ (reference modules where exercises are left); run it with PYTHONPATH=build/mine
 	$(BIN)/python tools/build_mine.py --lessons-dir $(LESSONS) --out build/mine
+
+mutate:  ## maintainers: how many wrong answers each exercise's checks catch (mutation testing; minutes per lesson; LESSON=03: one lesson)
+	$(BIN)/python tools/mutate.py $(LESSON)
 
 export:  ## regenerate nanoserve/ and lessons/ from solutions/
 	$(BIN)/python tools/export.py

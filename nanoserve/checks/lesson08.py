@@ -28,10 +28,10 @@ def _run(main):
     return result["value"]
 
 
-def _small_llm():
+def _small_llm(**kwargs):
     from nanoserve import LLM
 
-    return LLM(MODEL, max_model_len=512, max_num_seqs=8, num_gpu_blocks_override=96)
+    return LLM(MODEL, max_model_len=512, max_num_seqs=8, num_gpu_blocks_override=96, **kwargs)
 
 
 def _loop_error(engine):
@@ -64,8 +64,10 @@ def check_deliver(engine_cls) -> None:
     requests = [([11, 12, 13, 14], SamplingParams(temperature=0, max_tokens=6, ignore_eos=True), True),
                 ([5] * 9, SamplingParams(temperature=0.9, seed=3, n=2, max_tokens=9, ignore_eos=True), True),
                 ([7, 8], SamplingParams(temperature=0.7, seed=1, max_tokens=3, ignore_eos=True), False),
-                ([40, 41, 42], SamplingParams(temperature=0, max_tokens=12, ignore_eos=True), True)]
-    with _small_llm() as llm:
+                ([40, 41, 42], SamplingParams(temperature=0, max_tokens=12, ignore_eos=True), True),
+                # 40 tokens in chunks of at most 16: steps that compute it return (seq, None), no token yet
+                ([3] * 40, SamplingParams(temperature=0, max_tokens=4, logprobs=2, ignore_eos=True), False)]
+    with _small_llm(max_num_batched_tokens=16, enable_prefix_caching=False) as llm:  # chunks in both runs
         outs = llm.generate([p for p, _, _ in requests], [s for _, s, _ in requests], use_tqdm=False)
 
         metrics = ServerMetrics("check")
@@ -89,6 +91,16 @@ def check_deliver(engine_cls) -> None:
                 raise AssertionError(f"request {r} completion {i}: its stream got tokens {tokens}, LLM.generate "
                                      f"gives {list(completion.token_ids)}. Each output (seq, token) goes to the "
                                      f"queue of the request that owns seq (self.by_seq), with seq.index")
+            logprobs = [d.logprobs for d in mine]
+            want = completion.logprobs or [None] * len(mine)
+            # the same tokens, and values as close as another batch's rounding allows
+            if len(logprobs) != len(want) or not all(
+                    (g is None and w is None) or (g is not None and w is not None and set(g) == set(w)
+                                                   and all(abs(g[t] - w[t]) < 1e-3 for t in w))
+                    for g, w in zip(logprobs, want)):
+                raise AssertionError(f"request {r} completion {i}: its deltas' logprobs {logprobs} differ from "
+                                     f"LLM.generate's {completion.logprobs}: each delta carries its token's step "
+                                     f"(seq.logprobs[-1]), or None when the request asked for none")
             reasons = [d.finish_reason for d in mine]
             if reasons[-1] != completion.finish_reason or any(reasons[:-1]):
                 raise AssertionError(f"request {r} completion {i}: finish reasons {reasons}; only the last token "
