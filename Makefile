@@ -15,13 +15,17 @@ setup:  ## a virtual environment with everything: engine, JupyterLab, kernel, of
 	$(BIN)/python -m ipykernel install --user --name nanoserve --display-name "Python (nanoserve)"
 	$(BIN)/nanoserve prepare tiny-qwen3 smollm2-135m-instruct
 
-test:  ## unit tests, every solution notebook top to bottom (nbval), export sync checks
+# A fresh clone's first `make test`, `make check`, `make mine` or `make lab` runs setup itself.
+$(BIN)/nanoserve:
+	$(MAKE) setup
+
+test: $(BIN)/nanoserve  ## unit tests, every solution notebook top to bottom (nbval), export sync checks
 	$(BIN)/python -m pytest
 
-check:  ## each lesson's exercise checks on your code in lessons/ (LESSON=03: one lesson; LESSONS=DIR: other notebooks)
+check: $(BIN)/nanoserve  ## each lesson's exercise checks on your code in lessons/ (LESSON=03: one lesson; LESSONS=DIR: other notebooks)
 	$(BIN)/python tools/check_lessons.py --lessons-dir $(LESSONS) $(LESSON)
 
-mine:  ## your own engine in build/mine/ from lessons/ (reference modules where exercises are left); run it with PYTHONPATH=build/mine
+mine: $(BIN)/nanoserve  ## your own engine in build/mine/ from lessons/ (reference modules where exercises are left); run it with PYTHONPATH=build/mine
 	$(BIN)/python tools/build_mine.py --lessons-dir $(LESSONS) --out build/mine
 
 mutate:  ## maintainers: how many wrong answers each exercise's checks catch (mutation testing; minutes per lesson; LESSON=03: one lesson)
@@ -30,5 +34,5 @@ mutate:  ## maintainers: how many wrong answers each exercise's checks catch (mu
 export:  ## regenerate nanoserve/ and lessons/ from solutions/
 	$(BIN)/python tools/export.py
 
-lab:  ## open the lessons
+lab: $(BIN)/nanoserve  ## open the lessons
 	$(BIN)/jupyter lab lessons/
