@@ -47,7 +47,6 @@ class FusedSampler(Sampler):
         self.dev_i[:, :n].copy_(host_i[:, :n], non_blocking=True)
         temperature, top_p = self.dev_f[:, :n]
         top_k, seeds, steps = self.dev_i[:, :n]
-        logits = logits.float()
         if any(p.top_k > 0 or p.top_p < 1 for p in params):  # known here: no need to ask the device
-            logits = keep_top_k_top_p(logits, temperature, top_k, top_p)
-        return self.pick(logits, temperature, seeds, steps)
+            logits = keep_top_k_top_p(logits.float(), temperature, top_k, top_p)
+        return self.pick(logits, temperature, seeds, steps)  # pick's own cast to float32 is fused into it

@@ -56,6 +56,7 @@ def pick(logits: torch.Tensor, temperature: torch.Tensor, seeds: torch.Tensor, s
     softmax's normaliser is the same for every token of a row, so it is not needed: no sum over the
     vocabulary, whose rounding could depend on the batch. A masked token (-inf) can never win, and E > 0
     because u < 1."""
+    logits = logits.float()  # a no-op for float32; in lesson 06's compiled pick, fused with what follows
     greedy = temperature == 0
     scaled = logits / torch.where(greedy, torch.ones_like(temperature), temperature)[:, None]
     race = scaled - torch.log(-torch.log(hash_uniform(seeds, steps, logits.shape[-1])))
