@@ -35,19 +35,25 @@ def logits_with_ties(data, vocab, batch):
     return torch.randn(batch, vocab, generator=gen) * data.draw(st.sampled_from([0.01, 0.5, 3.0]))
 
 
+def draw_case(data, vocab, batch, seed, issue_scale):
+    """(logits, seeds, steps): the issue's draw when data is None (one row at seed 11, step 3, where token
+    138113's u was 1: it must lose like any other), else a batch from hypothesis."""
+    if data is None:
+        logits = torch.randn(1, vocab, generator=torch.Generator().manual_seed(0)) * issue_scale
+        steps = torch.tensor([ROUNDED_TO_ONE[1]])
+    else:
+        logits = logits_with_ties(data, vocab, batch)
+        steps = torch.tensor(data.draw(st.lists(st.integers(0, 1000), min_size=batch, max_size=batch)))
+    return logits, torch.arange(logits.shape[0]) + seed % 2**62, steps
+
+
 @settings(max_examples=25, deadline=None)
 @given(vocab=st.sampled_from([2, 3, 17, 1000, QWEN3_VOCAB]), temperature=st.floats(0.05, 5.0),
        seed=st.integers(0, 2**63 - 1), data=st.data())
 @example(vocab=QWEN3_VOCAB, temperature=1.0, seed=ROUNDED_TO_ONE[0], data=None)
 def test_top_k_1_is_the_argmax(vocab, temperature, seed, data):
-    if data is None:  # the issue's draw: the token whose u was 1 must lose like any other
-        logits = torch.randn(1, vocab, generator=torch.Generator().manual_seed(0))
-        steps = torch.tensor([ROUNDED_TO_ONE[1]])
-    else:
-        logits = logits_with_ties(data, vocab, 8)
-        steps = torch.randint(0, 1000, (8,))
+    logits, seeds, steps = draw_case(data, vocab, 8, seed, issue_scale=1.0)
     n = logits.shape[0]
-    seeds = torch.arange(n) + seed % 2**62
     got = sample(logits, rows(n, temperature), rows(n, 1), rows(n, 1.0), seeds, steps)
     assert torch.equal(got, logits.argmax(dim=-1))
 
@@ -66,14 +72,8 @@ def nucleus(logits, temperature, top_k, top_p):
        temperature=st.floats(0.2, 3.0), seed=st.integers(0, 2**63 - 1), data=st.data())
 @example(vocab=QWEN3_VOCAB, top_k=0, top_p=0.5, temperature=1.0, seed=ROUNDED_TO_ONE[0], data=None)
 def test_a_filtered_token_is_never_chosen(vocab, top_k, top_p, temperature, seed, data):
-    if data is None:
-        logits = torch.randn(1, vocab, generator=torch.Generator().manual_seed(0)) * 3
-        steps = torch.tensor([ROUNDED_TO_ONE[1]])
-    else:
-        logits = logits_with_ties(data, vocab, 4)
-        steps = torch.randint(0, 1000, (4,))
+    logits, seeds, steps = draw_case(data, vocab, 4, seed, issue_scale=3.0)
     n = logits.shape[0]
-    seeds = torch.arange(n) + seed % 2**62
     got = sample(logits, rows(n, temperature), rows(n, top_k), rows(n, top_p), seeds, steps).tolist()
     for row, token in enumerate(got):
         assert token in nucleus(logits[row], temperature, top_k, top_p), (row, token)
