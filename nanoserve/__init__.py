@@ -7,14 +7,14 @@ edit the notebook and run `make export`, never the generated file.
 __version__ = "0.1.0"
 
 
+PUBLIC = {"LLM": "nanoserve.engine.llm", "EngineArgs": "nanoserve.engine.llm", "EngineParts": "nanoserve.engine.llm",
+          "SamplingParams": "nanoserve.engine.sampling_params"}
+
+
 def __getattr__(name):
-    """`from nanoserve import LLM, SamplingParams` without importing the engine until it is used."""
-    if name == "LLM":
-        from nanoserve.engine.llm import LLM
+    """`from nanoserve import LLM, SamplingParams, EngineArgs` without importing the engine until it is used."""
+    if name in PUBLIC:
+        import importlib
 
-        return LLM
-    if name == "SamplingParams":
-        from nanoserve.engine.sampling_params import SamplingParams
-
-        return SamplingParams
+        return getattr(importlib.import_module(PUBLIC[name]), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -22,31 +22,50 @@ class StepMetadata:
     # Known on the host as Python ints: reading them from GPU tensors would cost a sync in every layer.
     max_context_len: int
     max_query_len: int
+    num_fed: int = 0  # tokens the runner copies in on the device from the previous step's samples (lesson 05)
 
 
 class StepMetadataBuilder:
     """Builds StepMetadata in one preallocated int32 host buffer (pinned on a GPU machine), copied to
-    the device in one transfer per step. Its sizes are fixed maxima, so the device tensors never move."""
+    the device in one transfer per step. Its sizes are fixed maxima, so the device tensors never move
+    (what lesson 06's CUDA graphs need). On a GPU two host buffers take turns: with async scheduling
+    (lesson 05) one step's copy may still wait in the GPU's queue while the next step is built."""
 
     def __init__(self, max_num_tokens: int, max_num_seqs: int, max_blocks_per_seq: int, device="cpu"):
         self.device = torch.device(device)
-        sizes = {"input_ids": max_num_tokens, "positions": max_num_tokens, "slot_mapping": max_num_tokens,
-                 "context_lens": max_num_seqs, "cu_seqlens_q": max_num_seqs + 1, "sample_rows": max_num_seqs,
-                 "block_tables": max_num_seqs * max_blocks_per_seq}
+        self.sizes = {"input_ids": max_num_tokens, "positions": max_num_tokens, "slot_mapping": max_num_tokens,
+                      "context_lens": max_num_seqs, "cu_seqlens_q": max_num_seqs + 1, "sample_rows": max_num_seqs,
+                      "feed_rows": max_num_seqs, "feed_from": max_num_seqs, "block_tables": max_num_seqs * max_blocks_per_seq}
         on_gpu = self.device.type == "cuda"
-        self.host = torch.zeros(sum(sizes.values()), dtype=torch.int32, pin_memory=on_gpu)
-        self.dev = self.host.to(self.device) if on_gpu else self.host  # a CPU reads the host buffer itself
-        self.h, self.d, start = {}, {}, 0  # name -> numpy view of host, tensor view of device
-        for name, size in sizes.items():
-            self.h[name], self.d[name] = self.host[start:start + size].numpy(), self.dev[start:start + size]
-            start += size
-        self.h["block_tables"] = self.h["block_tables"].reshape(max_num_seqs, max_blocks_per_seq)
-        self.d["block_tables"] = self.d["block_tables"].view(max_num_seqs, max_blocks_per_seq)
+        self.hosts = [torch.zeros(sum(self.sizes.values()), dtype=torch.int32, pin_memory=on_gpu)
+                      for _ in range(2 if on_gpu else 1)]
+        self.dev = self.hosts[0].to(self.device) if on_gpu else self.hosts[0]  # a CPU reads the host buffer itself
+        self.views = [self._split(host.numpy(), max_blocks_per_seq) for host in self.hosts]  # name -> numpy view
+        self.d = self._split(self.dev, max_blocks_per_seq)  # name -> view of the device buffer
+        self.copied = [None] * len(self.hosts)  # per host buffer: an event once its last copy has left it
+        self.turn = 0
         self.max_num_tokens, self.max_num_seqs = max_num_tokens, max_num_seqs
 
-    def build(self, cache, seqs: list[tuple[int, int, list[int]]], sample: list[bool] | None = None) -> StepMetadata:
+    def _split(self, buffer, width: int) -> dict:
+        views, start = {}, 0
+        for name, size in self.sizes.items():
+            views[name], start = buffer[start:start + size], start + size
+        views["block_tables"] = views["block_tables"].reshape(-1, width)
+        return views
+
+    @property
+    def h(self) -> dict:
+        """The host buffer of the step being built."""
+        return self.views[self.turn]
+
+    def build(self, cache, seqs: list[tuple[int, int, list[int]]], sample: list[bool] | None = None,
+              pad_to: int | None = None, feed: list[tuple[int, int]] = ()) -> StepMetadata:
         """seqs: (seq_id, start, new token ids) per sequence: its K/V are cached up to `start`, and its new
-        tokens sit at positions start, start + 1, ... . sample[i]: does sequence i get a token (default: all)."""
+        tokens sit at positions start, start + 1, ... . sample[i]: does sequence i get a token (default: all).
+        pad_to: a decode step padded with idle rows up to this many sequences (lesson 06's graphs).
+        feed: (row, i) pairs: the token at this row is the one the previous step sampled at its row i (the
+        runner copies it there on the device: async scheduling)."""
+        self.next_buffer()
         h, d, num_seqs = self.h, self.d, len(seqs)
         num_new = np.array([len(tokens) for _, _, tokens in seqs], dtype=np.int64)
         num_tokens = int(num_new.sum())
@@ -73,9 +92,62 @@ class StepMetadataBuilder:
         h["slot_mapping"][:num_tokens] = tables[seq_of_token, positions // bs] * bs + positions % bs
         sampled = cu[1:][np.array(sample, dtype=bool)] - 1 if sample is not None else cu[1:] - 1
         h["sample_rows"][:len(sampled)] = sampled
-        if self.dev is not self.host:
-            self.dev.copy_(self.host, non_blocking=True)  # one transfer; pinned memory lets it run asynchronously
-        return StepMetadata(d["input_ids"][:num_tokens], d["positions"][:num_tokens], d["slot_mapping"][:num_tokens],
-                            d["block_tables"][:num_seqs, :width], d["context_lens"][:num_seqs], d["cu_seqlens_q"][:num_seqs + 1],
-                            d["sample_rows"][:len(sampled)], bool((num_new == 1).all()),
-                            int((starts + num_new).max()), int(num_new.max()))
+        h["feed_rows"][:len(feed)], h["feed_from"][:len(feed)] = [r for r, _ in feed], [i for _, i in feed]
+        meta = StepMetadata(*self._views(num_tokens, num_seqs, len(sampled), width), bool((num_new == 1).all()),
+                            int((starts + num_new).max()), int(num_new.max()), len(feed))
+        if pad_to is not None:  # idle rows: token 0 at position 0, K/V written nowhere, an empty context
+            self.pad(num_seqs, pad_to)
+            meta = self.static(pad_to, meta.max_context_len, len(feed))
+        self.copy()
+        return meta
+
+    def pad(self, n: int, size: int) -> None:
+        h = self.h
+        h["input_ids"][n:size], h["positions"][n:size], h["slot_mapping"][n:size], h["context_lens"][n:size] = 0, 0, -1, 0
+        h["cu_seqlens_q"][n + 1:size + 1] = np.arange(n + 1, size + 1)
+        h["sample_rows"][n:size], h["block_tables"][n:size] = np.arange(n, size), -1
+
+    def static(self, size: int, max_context_len: int, num_fed: int = 0) -> StepMetadata:
+        """A decode step of `size` sequences over the buffers' full width (what a CUDA graph records)."""
+        return StepMetadata(*self._views(size, size, size, self.d["block_tables"].shape[1]), True, max_context_len,
+                            1, num_fed)
+
+    def _views(self, num_tokens: int, num_seqs: int, num_sampled: int, width: int) -> tuple:
+        d = self.d
+        return (d["input_ids"][:num_tokens], d["positions"][:num_tokens], d["slot_mapping"][:num_tokens],
+                d["block_tables"][:num_seqs, :width], d["context_lens"][:num_seqs], d["cu_seqlens_q"][:num_seqs + 1],
+                d["sample_rows"][:num_sampled])
+
+    def next_buffer(self) -> None:
+        """Take the other host buffer, once the device has copied what it last held."""
+        self.turn = (self.turn + 1) % len(self.hosts)
+        if self.copied[self.turn] is not None:
+            self.copied[self.turn].synchronize()
+
+    def copy(self) -> None:
+        if self.dev is not self.hosts[self.turn]:
+            self.dev.copy_(self.hosts[self.turn], non_blocking=True)  # one transfer; pinned: asynchronous
+            self.copied[self.turn] = torch.cuda.Event()
+            self.copied[self.turn].record()
+
+    def rows(self, meta: StepMetadata) -> dict:
+        """The host rows `meta` was built from: what another rank needs to rebuild it (`load`; lesson 07)."""
+        T, S, width = meta.input_ids.shape[0], meta.context_lens.shape[0], meta.block_tables.shape[1]
+        counts = {"input_ids": T, "positions": T, "slot_mapping": T, "context_lens": S, "cu_seqlens_q": S + 1,
+                  "sample_rows": meta.sample_rows.shape[0], "feed_rows": meta.num_fed, "feed_from": meta.num_fed}
+        rows = {name: self.h[name][:n].copy() for name, n in counts.items()}
+        rows["block_tables"] = self.h["block_tables"][:S, :width].copy()
+        return rows | {"scalars": (meta.is_decode, meta.max_context_len, meta.max_query_len)}
+
+    def load(self, rows: dict) -> StepMetadata:
+        """`rows`' inverse, on this rank's builder: write them, copy them to the device, view them."""
+        self.next_buffer()
+        h, tables = self.h, rows["block_tables"]
+        for name in self.sizes:
+            if name != "block_tables":
+                h[name][:len(rows[name])] = rows[name]
+        S, width = tables.shape
+        h["block_tables"][:S, :width], h["block_tables"][:S, width:] = tables, -1
+        self.copy()
+        return StepMetadata(*self._views(len(rows["input_ids"]), S, len(rows["sample_rows"]), width), *rows["scalars"],
+                            len(rows["feed_rows"]))

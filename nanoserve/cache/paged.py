@@ -68,12 +68,16 @@ class PagedKVCache:
     def commit(self, seq_id: int, token_ids: list[int], num_computed: int) -> None:
         self.block_manager.commit(seq_id, token_ids, num_computed)
 
-    def fork(self, parent: int, child: int, num_tokens: int) -> None:
-        """The child shares the parent's first num_tokens tokens' K/V (a partly filled last block is copied)."""
-        copy = self.block_manager.fork(parent, child, num_tokens)
-        if copy is not None:
-            self.k_cache[:, copy[1]] = self.k_cache[:, copy[0]]
-            self.v_cache[:, copy[1]] = self.v_cache[:, copy[0]]
+    def fork(self, parent: int, child: int, num_tokens: int) -> tuple[int, int] | None:
+        """The child shares the parent's first num_tokens tokens' K/V. A partly filled last block must be
+        copied: returns (from_block, to_block) for copy_blocks, which the step that follows makes (on every
+        rank, lesson 07), or None."""
+        return self.block_manager.fork(parent, child, num_tokens)
+
+    def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
+        for src, dst in copies:
+            self.k_cache[:, dst] = self.k_cache[:, src]
+            self.v_cache[:, dst] = self.v_cache[:, src]
 
     def release(self, seq_id: int) -> None:
         """Its blocks can serve another sequence right away (nothing to do for one that holds none)."""

@@ -2,7 +2,7 @@
 # Edit the notebook, then run `make export` (python tools/export.py).
 
 """CUDA graphs for decode steps: the whole forward (28 layers, ~400 kernels) recorded once per batch
-size and replayed with one launch.
+size and replayed with one launch. Lesson 05's ModelRunner holds them (runner.graphs).
 
 A graph replays the exact kernels, pointers and launch sizes it recorded, so
 - its inputs are the step-metadata builder's device buffers, which never move (lesson 02): each step
@@ -18,9 +18,6 @@ import bisect
 
 import torch
 
-from nanoserve.cache.metadata import StepMetadata
-from nanoserve.engine.model_runner import ModelRunner
-from nanoserve.engine.sampler import Sampler
 from nanoserve.engine.sampling_params import SamplingParams
 from nanoserve.engine.scheduler import ScheduledBatch
 
@@ -38,87 +35,79 @@ def padded_size(n: int, sizes: list[int]) -> int | None:
     return sizes[i] if i < len(sizes) else None
 
 
-class GraphModelRunner(ModelRunner):
-    """A ModelRunner that replays a CUDA graph for decode steps (cuda_graphs=False: eager, like lesson
-    05's, but with another sampler, e.g. lesson 06's FusedSampler)."""
+class CUDAGraphs:
+    """Lesson 05's ModelRunner holds one of these (`runner.graphs`): decode steps replayed from graphs
+    recorded once per batch size. The runner asks `size_for` once per step, and replays or runs eagerly."""
 
-    def __init__(self, model, cache, max_num_seqs: int, max_num_batched_tokens: int, max_model_len: int,
-                 sampler: Sampler | None = None, cuda_graphs: bool = True):
-        super().__init__(model, cache, max_num_seqs, max_num_batched_tokens, max_model_len)
-        self.sampler = sampler or self.sampler
-        self.max_model_len = max_model_len
-        self.sizes = graph_sizes(min(max_num_seqs, max_num_batched_tokens)) if cuda_graphs else []
-        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}  # size -> (graph, its logits)
-        if self.builder.device.type == "cuda":
-            self.warm_up()
-        if self.sizes:
-            self.capture()
+    def __init__(self, max_num_seqs: int):
+        self.sizes = graph_sizes(max_num_seqs)
+        self.graphs: dict[int, tuple] = {}  # size -> (graph, its logits): recorded by `record`
 
-    @torch.inference_mode()
-    def warm_up(self) -> None:
-        """Compile at start-up what the first requests would otherwise wait for (on an H200, seconds of
-        the benchmark's first steps): Triton compiles a kernel again for each new class of its integer
-        arguments (1, a multiple of 16, other), so prefills of 1, 9 and 16 query tiles run through dummy
-        sequences; torch.compile compiles for one row and again for several, so the sampler samples both.
-        The lengths are odd on purpose: a size equal to a model dimension would be specialised on."""
-        for i, n in enumerate((61, 541, 1019)):
-            n = min(n, self.max_model_len, self.builder.max_num_tokens)
-            seq = (-1 - i, 0, [0] * n)  # negative ids: never a request's
-            try:
-                self.cache.reserve(seq[0], seq[2])
-                logits = self.forward(self.builder.build(self.cache, [seq]))
-            finally:
-                self.cache.release(seq[0])
-        for rows in (1, 3):
-            self.sampler(logits.repeat(rows, 1), [SamplingParams(temperature=1.0)] * rows, [0] * rows, [0] * rows)
+    def size_for(self, batch: ScheduledBatch) -> int | None:
+        """The graph this step replays, padded to its size; None: it runs eagerly (a step with a prompt
+        in it, more sequences than any graph holds, or before the graphs are recorded)."""
+        if not self.graphs or any(n != 1 for n in batch.num_new):
+            return None
+        return padded_size(len(batch.seqs), self.sizes)
 
-    def static_metadata(self, size: int) -> StepMetadata:
-        """A decode step of `size` sequences over the builder's device buffers (their full width)."""
-        d = self.builder.d
-        return StepMetadata(d["input_ids"][:size], d["positions"][:size], d["slot_mapping"][:size],
-                            d["block_tables"][:size], d["context_lens"][:size], d["cu_seqlens_q"][:size + 1],
-                            d["sample_rows"][:size], True, self.max_model_len, 1)
-
-    def pad(self, n: int, size: int) -> None:
-        """Rows n..size of the host buffers become padding (the builder writes rows < n and copies all)."""
-        h = self.builder.h
-        h["input_ids"][n:size], h["positions"][n:size], h["slot_mapping"][n:size] = 0, 0, -1
-        h["context_lens"][n:size] = 0
+    def start(self, runner) -> None:
+        """At start-up, on rank 0: compile what the first requests would wait for, then record the graphs,
+        here and, at the same time, on every tensor-parallel worker (their collectives are recorded too)."""
+        warm_up(runner)
+        if runner.workers is not None:
+            runner.workers.record_graphs(self.sizes)
+        self.record(runner)
 
     @torch.inference_mode()
-    def capture(self) -> None:
-        """Record one graph per size, largest first, all in one memory pool: a smaller graph reuses the
-        memory of a larger one (only one runs at a time)."""
-        self.pad(0, self.sizes[-1])
-        self.builder.dev.copy_(self.builder.host)
-        pool = None
+    def record(self, runner) -> None:
+        """One graph per size, largest first, all in one memory pool (a smaller graph reuses the larger one's
+        memory: only one runs at a time). Each records the runner's model over the builder's device buffers
+        (`builder.static(size, ...)`), with every row padding, and the attention's split of the context
+        fixed for the longest context (max_model_len). One warm-up run outside the graph before each."""
+        builder, pool = runner.builder, None
+        builder.pad(0, self.sizes[-1])  # recording writes no K/V anywhere
+        builder.copy()
         for size in reversed(self.sizes):
-            meta = self.static_metadata(size)
-            self._logits(meta)  # a warm-up run outside the graph: compiles kernels, settles the allocator
-            torch.cuda.synchronize()
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
-                logits = self._logits(meta)
-            pool = graph.pool()
-            self.graphs[size] = (graph, logits)
+            meta = builder.static(size, runner.max_model_len)
+
+            def forward(meta=meta):
+                return runner.model.compute_logits(runner.model(meta.input_ids, meta.positions, runner.cache, meta))
+
+            forward()  # compiles kernels, settles the allocator
+            self.graphs[size] = self.capture(forward, pool)
+            pool = self.graphs[size][0].pool()
+
+    @staticmethod
+    def capture(forward, pool):
+        """Record forward() into a CUDA graph in this memory pool; returns (the graph, forward's output)."""
         torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=pool):
+            logits = forward()
+        torch.cuda.synchronize()
+        return graph, logits
 
-    def _logits(self, meta: StepMetadata) -> torch.Tensor:
-        return self.model.compute_logits(self.model(meta.input_ids, meta.positions, self.cache, meta))
-
-    def run(self, batch: ScheduledBatch):
-        n = len(batch.seqs)
-        size = padded_size(n, self.sizes)
-        if size is not None and all(k == 1 for k in batch.num_new):
-            self.pad(n, size)  # before the builder's copy, which carries the padding over
-        return super().run(batch)
-
-    def forward(self, meta: StepMetadata) -> torch.Tensor:
-        n = meta.context_lens.shape[0]
-        size = padded_size(n, self.sizes)
-        if not meta.is_decode or size is None:
-            return super().forward(meta)
+    def replay(self, size: int) -> torch.Tensor:
+        """Logits [size, vocab] of the step whose inputs the builder has just copied in."""
         graph, logits = self.graphs[size]
         graph.replay()
-        self.cache.tokens_per_forward.append(n)  # what PagedKVCache.attend records in an eager step
-        return logits[:n] if meta.sample_rows.shape[0] == n else logits[meta.sample_rows]
+        return logits
+
+
+@torch.inference_mode()
+def warm_up(runner) -> None:
+    """Compile at start-up what the first requests would otherwise wait for (on an H200, seconds of the
+    benchmark's first steps): Triton compiles a kernel again for each new class of its integer arguments
+    (1, a multiple of 16, other), so prefills of 1, 9 and 16 query tiles run through dummy sequences;
+    torch.compile compiles for one row and again for several, so the sampler samples both. The lengths
+    are odd on purpose: a size equal to a model dimension would be specialised on."""
+    for i, n in enumerate((61, 541, 1019)):
+        n = min(n, runner.max_model_len, runner.builder.max_num_tokens)
+        seq_id = -1 - i  # never a request's
+        try:
+            runner.cache.reserve(seq_id, [0] * n)
+            logits = runner.forward(runner.builder.build(runner.cache, [(seq_id, 0, [0] * n)]), None)
+        finally:
+            runner.cache.release(seq_id)
+    for rows in (1, 3):
+        runner.sampler(logits.repeat(rows, 1), [SamplingParams(temperature=1.0)] * rows, [0] * rows, [0] * rows)

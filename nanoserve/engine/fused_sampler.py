@@ -14,7 +14,7 @@ class FusedSampler(Sampler):
         self.device = torch.device(device)
         on_gpu = self.device.type == "cuda"
         # rows: temperature, top_p | top_k, seed, step. Two sets of host buffers, used in turn: with
-        # overlapped steps the copy of one step's parameters may still wait in the GPU's queue while
+        # async scheduling the copy of one step's parameters may still wait in the GPU's queue while
         # the next step's are written.
         self.host_f = [torch.zeros(2, max_num_seqs, dtype=torch.float32, pin_memory=on_gpu) for _ in range(2)]
         self.host_i = [torch.zeros(3, max_num_seqs, dtype=torch.int64, pin_memory=on_gpu) for _ in range(2)]
@@ -27,10 +27,7 @@ class FusedSampler(Sampler):
         # they leave the other rows' logits exactly as they are.
         self.pick = torch.compile(pick, dynamic=True) if compiled else pick
 
-    def __call__(self, logits: torch.Tensor, params: list, seeds: list[int], steps: list[int]) -> list[int]:
-        return self.launch(logits, params, seeds, steps).tolist()
-
-    def launch(self, logits: torch.Tensor, params: list, seeds: list[int], steps: list[int]) -> torch.Tensor:
+    def __call__(self, logits: torch.Tensor, params: list, seeds: list[int], steps: list[int]) -> torch.Tensor:
         """The sampled tokens as a device tensor: queued on the GPU, not waited for."""
         if all(p.temperature == 0 for p in params):  # all greedy: no random numbers needed
             return logits.argmax(dim=-1)

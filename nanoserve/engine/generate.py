@@ -2,85 +2,15 @@
 # Edit the notebook, then run `make export` (python tools/export.py).
 
 """Static-batch generation over any KV cache: one prefill, then one decode step per token."""
-from dataclasses import dataclass
-
 import torch
 
 from nanoserve.cache.contiguous import ContiguousKVCache
 from nanoserve.cache.metadata import StepMetadata, StepMetadataBuilder
 from nanoserve.cache.protocol import KVCache
-from nanoserve.engine.detokenizer import Detokenizer
+from nanoserve.engine.request import Request
 from nanoserve.engine.sampler import Sampler
 from nanoserve.engine.sampling_params import SamplingParams
 from nanoserve.model.qwen3 import Qwen3ForCausalLM
-
-
-@dataclass
-class Completion:
-    token_ids: list[int]
-    text: str | None  # None when no tokenizer was given
-    finish_reason: str  # "stop" (eos, stop token or stop string) or "length" (max_tokens)
-
-
-class Request:
-    """One prompt's progress through generation."""
-
-    def __init__(self, seq_id: int, prompt_ids: list[int], params: SamplingParams, seed: int, eos: set[int],
-                 tokenizer):
-        if not prompt_ids:
-            raise ValueError("the prompt is empty: give at least one token")
-        if params.stop and tokenizer is None:
-            raise ValueError("stop strings need the tokenizer: pass tokenizer=...")
-        self.seq_id, self.params, self.seed = seq_id, params, seed
-        self.token_ids = list(prompt_ids)  # the prompt, then every generated token: one list, never copied
-        self.num_prompt_tokens = len(prompt_ids)
-        self.stop_ids = set(params.stop_token_ids) | (set() if params.ignore_eos else set(eos))
-        # Text token by token costs two tokenizer calls per token: only stop strings and streams need it.
-        # Otherwise the output is decoded once, when it is complete.
-        self.tokenizer = tokenizer
-        self.detok = Detokenizer(tokenizer, params.stop) if params.stop else None
-        self.finish_reason: str | None = None
-        self.new_text = ""  # text that became final with the last token (when streaming)
-
-    @property
-    def num_tokens(self) -> int:
-        return len(self.token_ids)
-
-    @property
-    def num_output_tokens(self) -> int:
-        return len(self.token_ids) - self.num_prompt_tokens
-
-    @property
-    def prompt_ids(self) -> list[int]:
-        return self.token_ids[:self.num_prompt_tokens]
-
-    @property
-    def output_ids(self) -> list[int]:
-        return self.token_ids[self.num_prompt_tokens:]
-
-    def append(self, token: int) -> None:
-        self.token_ids.append(token)
-        self.new_text = self.detok.add(token) if self.detok is not None else ""
-        if token in self.stop_ids or (self.detok is not None and self.detok.stopped):
-            self.finish_reason = "stop"
-        elif self.num_output_tokens >= self.params.max_tokens:
-            self.finish_reason = "length"
-        if self.finish_reason is not None and self.detok is not None:
-            self.new_text += self.detok.flush()
-
-    def stream_text(self) -> None:
-        """Make new_text after every token from now on (before the first token: a stream asks for it)."""
-        if self.detok is None and self.tokenizer is not None:
-            self.detok = Detokenizer(self.tokenizer, self.params.stop)
-
-    def completion(self) -> Completion:
-        if self.detok is not None:
-            text = self.detok.text
-        elif self.tokenizer is not None:  # in one go; a character cut short at the end is left out, as above
-            text = self.tokenizer.decode(self.output_ids, skip_special_tokens=True).rstrip("\ufffd")
-        else:
-            text = None
-        return Completion(self.output_ids, text, self.finish_reason)
 
 
 @torch.inference_mode()
@@ -122,7 +52,7 @@ def generate(model: Qwen3ForCausalLM, prompts: list[list[int]],
         """One forward over the step's new tokens; then each request in it gets its next token."""
         hidden = model(meta.input_ids, meta.positions, cache, meta)
         logits = model.compute_logits(hidden[meta.sample_rows])  # only the rows we sample from
-        tokens = sampler(logits, [r.params for r in batch], [r.seed for r in batch], [r.num_output_tokens for r in batch])
+        tokens = sampler(logits, [r.params for r in batch], [r.seed for r in batch], [r.num_output_tokens for r in batch]).tolist()
         for r, t in zip(batch, tokens):
             cache.commit(r.seq_id, r.token_ids, r.num_tokens)  # every token so far has its K/V now
             r.append(t)

@@ -3,6 +3,7 @@
 
 """The public API, named as in vLLM: LLM(model).generate(prompts, SamplingParams(...)) -> RequestOutputs."""
 import gc
+import importlib
 import json
 import time
 from collections import deque
@@ -13,17 +14,10 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from nanoserve.cache.paged import PagedKVCache
-from nanoserve.cache.prefix import PrefixCachingKVCache
-from nanoserve.engine.cuda_graphs import GraphModelRunner
-from nanoserve.engine.fused_sampler import FusedSampler
-from nanoserve.engine.llm_engine import LLMEngine
-from nanoserve.engine.overlap import OverlappedLLMEngine, OverlappedModelRunner
+from nanoserve.engine.model_runner import ModelRunner
 from nanoserve.engine.sampling_params import SamplingParams
 from nanoserve.engine.sequence import Sequence, SequenceStatus
-from nanoserve.engine.tp_workers import TPWorkers
 from nanoserve.model.config import ModelConfig
-from nanoserve.model.qwen3_fused import FusedQwen3ForCausalLM
 
 PROMPT_FORMS = ("a prompt is a string, a list of token ids, {'prompt': str} or {'prompt_token_ids': [...]} "
                 "(or a list of these); chat messages go to LLM.chat")
@@ -150,85 +144,140 @@ def complete_output(out: RequestOutput, seqs: list[Sequence]) -> None:
     out.finished = True
 
 
-def check_engine_args(**args) -> None:
-    """Every engine size argument is an integer >= 1 (record_steps, max_logprobs >= 0); the error names it."""
-    for name, value in args.items():
-        least = 0 if name in ("record_steps", "max_logprobs") else 1
-        if isinstance(value, bool) or not isinstance(value, int) or value < least:
-            raise ValueError(f"{name} must be an integer >= {least}, got {value!r}")
+@dataclass
+class EngineParts:
+    """The classes LLM assembles, each given as the class itself or as its import path, "module:Class". A
+    lesson puts its own in: LLM(model, parts=EngineParts(prefix_cache=MyCache)). Tensor-parallel workers
+    (lesson 07) are spawned processes that import what they build (the model, the graphs) by path: a class
+    defined in a notebook cannot reach them, and LLM says so."""
+    paged_cache: type | str = "nanoserve.cache.paged:PagedKVCache"  # lesson 03
+    prefix_cache: type | str = "nanoserve.cache.prefix:PrefixCachingKVCache"  # lesson 04
+    engine: type | str = "nanoserve.engine.llm_engine:LLMEngine"  # lesson 05
+    model: type | str = "nanoserve.model.qwen3_fused:FusedQwen3ForCausalLM"  # lesson 06 (fused_ops=True)
+    sampler: type | str = "nanoserve.engine.fused_sampler:FusedSampler"  # lesson 06
+    graphs: type | str = "nanoserve.engine.cuda_graphs:CUDAGraphs"  # lesson 06
+    tp_workers: type | str = "nanoserve.engine.tp_workers:TPWorkers"  # lesson 07
+
+    def get(self, name: str) -> type:
+        part = getattr(self, name)
+        if not isinstance(part, str):
+            return part
+        module, _, attr = part.partition(":")
+        try:
+            return getattr(importlib.import_module(module), attr)
+        except (ImportError, AttributeError, ValueError) as e:
+            raise ValueError(f"EngineParts.{name}: cannot import {part!r} ({type(e).__name__}: {e})") from None
+
+    def path(self, name: str) -> str:
+        """The part's import path, for a spawned process; a class it could not import is refused."""
+        part = getattr(self, name)
+        if isinstance(part, str):
+            return part
+        if part.__module__ == "__main__" or "<" in part.__qualname__:
+            raise ValueError(f"EngineParts.{name}: {part.__qualname__} is defined in a notebook or a function, and "
+                             "tensor-parallel workers (spawned processes) can only import a class by its path: "
+                             "give one from a module, e.g. your own engine built by `make mine`")
+        return f"{part.__module__}:{part.__qualname__}"
 
 
-class LLMSetup:
-    """LLM's construction and lifetime: arguments checked, model and tokenizer loaded, the engine and its
-    KV pool built at the first request (so an LLM built again in a notebook cell, `llm = LLM(...)`, finds
-    the memory of the one it replaces already free), and shutdown."""
+@dataclass
+class EngineArgs:
+    """Every engine setting, named as in vLLM where vLLM has the setting; checked when made, each error
+    naming its argument. LLM(model, **settings) makes one; so does `nanoserve` on the command line."""
+    model: str | None = None  # a name from the model zoo, or a checkpoint directory
+    dtype: str | torch.dtype = "auto"
+    max_model_len: int = 4096
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+    block_size: int = 16
+    enable_prefix_caching: bool = True
+    enable_chunked_prefill: bool = True
+    enforce_eager: bool | None = None  # None: eager on a CPU, CUDA graphs and torch.compile on a GPU
+    tensor_parallel_size: int = 1
+    gpu_memory_utilization: float = 0.9
+    num_gpu_blocks_override: int | None = None
+    seed: int = 0
+    max_logprobs: int = 20  # the most log-probs a request may ask for per token
+    async_scheduling: bool | None = None  # None: on unless eager
+    custom_all_reduce: bool = False  # lesson 07's one-shot all-reduce for small messages (GPUs)
+    # nanoserve's own
+    device: str | None = None  # None: a GPU if there is one
+    cpu_kv_cache_gib: float = 1.0  # the KV pool's memory on a CPU
+    fused_ops: bool = True  # lesson 06's fused model (False: lesson 01's)
+    record_steps: int = 0  # keep the last N steps' records (engine.steps), for pictures
+    parts: EngineParts = field(default_factory=EngineParts)
 
-    # The parts LLM assembles, and the lesson each comes from. A lesson's notebook subclasses LLM and sets
-    # its own classes here (lesson 04 its prefix cache, lesson 06 its fused model and runners), so that
-    # the whole engine runs the learner's code.
-    paged_cache_cls = PagedKVCache  # lesson 03
-    prefix_cache_cls = PrefixCachingKVCache  # lesson 04
-    engine_cls = LLMEngine  # lesson 05
-    fused_model_cls = FusedQwen3ForCausalLM  # lesson 06: fused_ops=True
-    graph_runner_cls = GraphModelRunner  # lesson 06: CUDA graphs
-    fused_sampler_cls = FusedSampler  # lesson 06
-    overlapped_engine_cls, overlapped_runner_cls = OverlappedLLMEngine, OverlappedModelRunner  # lesson 06: async
-    tp_workers_cls = TPWorkers  # lesson 07: tensor_parallel_size > 1
+    def __post_init__(self):
+        least = {"max_model_len": 1, "max_num_seqs": 1, "max_num_batched_tokens": 1, "block_size": 1,
+                 "tensor_parallel_size": 1, "max_logprobs": 0, "record_steps": 0}
+        if self.num_gpu_blocks_override is not None:
+            least["num_gpu_blocks_override"] = 1
+        for name, lowest in least.items():
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < lowest:
+                raise ValueError(f"{name} must be an integer >= {lowest}, got {value!r}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
+            raise ValueError(f"seed must be an integer, got {self.seed!r}")
+        for name in ("enable_prefix_caching", "enable_chunked_prefill", "custom_all_reduce", "fused_ops",
+                     "enforce_eager", "async_scheduling"):
+            value = getattr(self, name)
+            if not isinstance(value, bool) and not (value is None and name in ("enforce_eager", "async_scheduling")):
+                raise ValueError(f"{name} must be True or False, got {value!r}")
+        if isinstance(self.gpu_memory_utilization, bool) or not isinstance(self.gpu_memory_utilization, (int, float)) \
+                or not 0 < self.gpu_memory_utilization <= 1:
+            raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization!r}")
+        if isinstance(self.cpu_kv_cache_gib, bool) or not isinstance(self.cpu_kv_cache_gib, (int, float)) \
+                or not self.cpu_kv_cache_gib > 0:
+            raise ValueError(f"cpu_kv_cache_gib must be a number > 0, got {self.cpu_kv_cache_gib!r}")
+        if self.tensor_parallel_size > 1 and not self.fused_ops:
+            raise ValueError("tensor parallelism (lesson 07) cuts lesson 06's fused model: leave fused_ops=True")
+        if not isinstance(self.parts, EngineParts):
+            raise ValueError(f"parts must be an EngineParts, got {type(self.parts).__name__}")
 
-    def __init__(self, model: str | None = None, dtype="auto", max_model_len: int = 4096, max_num_seqs: int = 256,
-                 max_num_batched_tokens: int = 8192, block_size: int = 16, enable_prefix_caching: bool = True,
-                 enable_chunked_prefill: bool = True, enforce_eager: bool | None = None, tensor_parallel_size: int = 1,
-                 gpu_memory_utilization: float = 0.9, num_gpu_blocks_override: int | None = None, seed: int = 0,
-                 device: str | None = None, cpu_kv_cache_gib: float = 1.0, record_steps: int = 0,
-                 fused_ops: bool = True, async_scheduling: bool | None = None,
-                 custom_all_reduce: bool = False, max_logprobs: int = 20):
+
+class LLM:
+    """Offline inference, vLLM-style: LLM(model, **EngineArgs).generate(prompts, SamplingParams(...)),
+    .chat and .stream. The model and tokenizer load here; the engine and its KV pool are built at the first
+    request (so an LLM built again in a notebook cell, `llm = LLM(...)`, finds the memory of the one it
+    replaces already free). All calls share one step loop: each step's tokens go to the call that owns
+    them (route_step), so streams and generate calls may be interleaved."""
+
+    def __init__(self, model: str | None = None, **settings):
+        self.args = args = settings.pop("engine_args", None) or EngineArgs(model, **settings)
         from nanoserve.model.loader import eos_token_ids, load_model, load_tokenizer
         from nanoserve.model.zoo import resolve_model
 
-        check_engine_args(max_model_len=max_model_len, max_num_seqs=max_num_seqs, block_size=block_size,
-                          max_num_batched_tokens=max_num_batched_tokens, record_steps=record_steps,
-                          max_logprobs=max_logprobs)
-        if num_gpu_blocks_override is not None:
-            check_engine_args(num_gpu_blocks_override=num_gpu_blocks_override)
-        check_engine_args(tensor_parallel_size=tensor_parallel_size)
-        if tensor_parallel_size > 1 and not fused_ops:
-            raise ValueError("tensor parallelism (lesson 07) cuts lesson 06's fused model: leave fused_ops=True")
-        if isinstance(gpu_memory_utilization, bool) or not 0 < gpu_memory_utilization <= 1:
-            raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization!r}")
-        if not cpu_kv_cache_gib > 0:
-            raise ValueError(f"cpu_kv_cache_gib must be > 0, got {cpu_kv_cache_gib!r}")
-        path = resolve_model(model)
-        device = resolve_device(device)
+        path, device = resolve_model(args.model), resolve_device(args.device)
         # Lesson 06's speed switches. enforce_eager: no CUDA graphs and no torch.compile (vLLM's default
         # is graphs on a GPU; a CPU stays eager unless asked: compiling there takes a while). fused_ops:
         # the fused model (packed QKV and gate/up, fused norms, RoPE, SiLU), compiled unless eager.
-        self.enforce_eager = device.type == "cpu" if enforce_eager is None else bool(enforce_eager)
-        self.fused_ops = bool(fused_ops)
-        # async_scheduling: overlap the CPU's work for the next decode step with the GPU's for this one
-        self.async_scheduling = not self.enforce_eager if async_scheduling is None else bool(async_scheduling)
-        model_args = {}
-        if self.fused_ops:
-            model_args = dict(model_cls=self.fused_model_cls, compiled=not self.enforce_eager)
+        self.enforce_eager = device.type == "cpu" if args.enforce_eager is None else args.enforce_eager
+        self.fused_ops = args.fused_ops
+        # async_scheduling (lesson 05's engine, measured in lesson 06): the next step is scheduled and
+        # launched while the GPU runs this one
+        self.async_scheduling = not self.enforce_eager if args.async_scheduling is None else args.async_scheduling
+        dtype = resolve_dtype(args.dtype, path, device)
         self.tokenizer = load_tokenizer(path)
         self.workers = None  # lesson 07's tensor parallelism: the processes of ranks 1.., and their slices
-        if tensor_parallel_size > 1:
-            self.workers = self.tp_workers_cls(path, resolve_dtype(dtype, path, device), device, tensor_parallel_size,
-                                               compiled=not self.enforce_eager,
-                                               custom_all_reduce=custom_all_reduce)
+        if args.tensor_parallel_size > 1:
+            self.workers = args.parts.get("tp_workers")(path, dtype, device, args.tensor_parallel_size,
+                                                        compiled=not self.enforce_eager,
+                                                        custom_all_reduce=args.custom_all_reduce,
+                                                        parts={n: args.parts.path(n) for n in ("model", "graphs")})
             self.model = self.workers.model  # rank 0's slice
+        elif self.fused_ops:
+            self.model = load_model(path, dtype, device, args.parts.get("model"), compiled=not self.enforce_eager)
         else:
-            self.model = load_model(path, dtype=resolve_dtype(dtype, path, device), device=device, **model_args)
+            self.model = load_model(path, dtype, device)
         self.eos_token_ids = eos_token_ids(path, self.tokenizer)
-        self.max_model_len = min(max_model_len, self.model.config.max_position_embeddings)
-        self.max_logprobs = max_logprobs  # as vLLM: the most log-probs a request may ask for per token
-        self._pool = dict(block_size=block_size, prefix_caching=enable_prefix_caching, max_num_seqs=max_num_seqs,
-                          gpu_memory_utilization=gpu_memory_utilization, num_blocks=num_gpu_blocks_override,
-                          cpu_kv_cache_gib=cpu_kv_cache_gib)
-        self._engine_args = dict(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-                                 enable_chunked_prefill=enable_chunked_prefill, max_model_len=self.max_model_len,
-                                 seed=seed, record_steps=record_steps, max_logprobs=max_logprobs)
+        self.max_model_len = min(args.max_model_len, self.model.config.max_position_embeddings)
+        self.max_logprobs = args.max_logprobs  # as vLLM: the most log-probs a request may ask for per token
         self._engine = None
         self._routes: dict[int, deque] = {}  # seq_id -> the queue of tokens for the call that owns it
+
+    @classmethod
+    def from_engine_args(cls, engine_args: EngineArgs) -> "LLM":
+        return cls(engine_args=engine_args)
 
     @property
     def engine(self):
@@ -236,37 +285,41 @@ class LLMSetup:
         if self._engine is None:
             if self.model is None:
                 raise RuntimeError("this LLM was shut down; create a new one")
-            weights, pool = self.model.lm_head.weight, self._pool
-            kv_args = dict(block_size=pool["block_size"], dtype=weights.dtype, max_num_seqs=pool["max_num_seqs"],
-                           max_model_len=self.max_model_len, gpu_memory_utilization=pool["gpu_memory_utilization"],
-                           cpu_kv_cache_gib=pool["cpu_kv_cache_gib"])
-            measure = partial(num_kv_blocks, self.model.config, **kv_args)
-            num_blocks = pool["num_blocks"] or measure(device=weights.device)
-            if self.workers is not None and not pool["num_blocks"]:  # every rank gets the pool the fullest one can hold
+            args, weights = self.args, self.model.lm_head.weight
+            measure = partial(num_kv_blocks, self.model.config, args.block_size, weights.dtype,
+                              max_num_seqs=args.max_num_seqs, max_model_len=self.max_model_len,
+                              gpu_memory_utilization=args.gpu_memory_utilization, cpu_kv_cache_gib=args.cpu_kv_cache_gib)
+            num_blocks = args.num_gpu_blocks_override or measure(device=weights.device)
+            if self.workers is not None and not args.num_gpu_blocks_override:  # every rank: what the fullest holds
                 num_blocks = self.workers.fewest_kv_blocks(num_blocks, measure)
             if num_blocks < 1:
                 raise ValueError("no memory left for the KV cache: lower max_model_len or raise gpu_memory_utilization")
-            cache_cls = self.prefix_cache_cls if pool["prefix_caching"] else self.paged_cache_cls
-            if self.workers is not None:
-                cache_cls = self.workers.kv_cache_class(cache_cls)
-            cache = cache_cls(self.model.config, num_blocks, pool["block_size"], weights.dtype, weights.device)
-            engine_cls = self.overlapped_engine_cls if self.async_scheduling else self.engine_cls
-            self._engine = engine_cls(self.model, cache, self.tokenizer, self.eos_token_ids, runner=self._runner(cache),
-                                     **self._engine_args)
+            cache_cls = args.parts.get("prefix_cache" if args.enable_prefix_caching else "paged_cache")
+            cache = cache_cls(self.model.config, num_blocks, args.block_size, weights.dtype, weights.device)
+            self._engine = args.parts.get("engine")(
+                self.model, cache, self.tokenizer, self.eos_token_ids, max_num_seqs=args.max_num_seqs,
+                max_num_batched_tokens=args.max_num_batched_tokens, enable_chunked_prefill=args.enable_chunked_prefill,
+                max_model_len=self.max_model_len, seed=args.seed, record_steps=args.record_steps,
+                runner=self._runner(cache), max_logprobs=args.max_logprobs, async_scheduling=self.async_scheduling)
         return self._engine
 
-    def _runner(self, cache):
-        """Lesson 06's model runner (CUDA graphs on a GPU, the fused sampler, launching ahead), or None:
-        lesson 05's."""
-        if self.enforce_eager and not self.async_scheduling and self.workers is None:
-            return None
-        args, device = self._engine_args, cache.k_cache.device
-        runner_cls = self.overlapped_runner_cls if self.async_scheduling else self.graph_runner_cls
-        sampler = self.fused_sampler_cls(args["max_num_seqs"], device, compiled=self.fused_ops and not self.enforce_eager)
-        if self.workers is not None:  # lesson 07: a runner that runs every step on every rank
-            runner_cls = self.workers.runner
-        return runner_cls(self.model, cache, args["max_num_seqs"], args["max_num_batched_tokens"], self.max_model_len,
-                          sampler, cuda_graphs=device.type == "cuda" and not self.enforce_eager)
+    def _runner(self, cache) -> ModelRunner:
+        """The model runner with its collaborators: lesson 06's sampler and CUDA graphs (on a GPU, unless
+        eager), lesson 07's workers. Lesson 05's plain sampler where nothing needs more."""
+        args, device = self.args, cache.k_cache.device
+        sampler = graphs = None
+        if not self.enforce_eager or self.async_scheduling or self.workers is not None:
+            sampler = args.parts.get("sampler")(args.max_num_seqs, device, compiled=self.fused_ops and not self.enforce_eager)
+        if device.type == "cuda" and not self.enforce_eager:
+            graphs = args.parts.get("graphs")(min(args.max_num_seqs, args.max_num_batched_tokens))
+        if self.workers is not None:  # every worker builds its KV pool and runner now
+            self.workers.build(cache.block_manager.num_blocks, cache.block_size, args.max_num_seqs,
+                               args.max_num_batched_tokens, self.max_model_len)
+        runner = ModelRunner(self.model, cache, args.max_num_seqs, args.max_num_batched_tokens, self.max_model_len,
+                             sampler, graphs, self.workers)
+        if graphs is not None:
+            graphs.start(runner)  # compile what the first requests would wait for, then record the graphs
+        return runner
 
     @property
     def cache(self):
@@ -292,10 +345,7 @@ class LLMSetup:
     def __exit__(self, *exc) -> None:
         self.shutdown()
 
-
-class CallRouter(LLMSetup):
-    """One shared step loop, many callers: each call's prompts are checked and queued together, and each
-    step's tokens go to the call that owns them (so streams and generate calls may be interleaved)."""
+    # -- every call's requests through the one step loop
 
     def _encode(self, prompts) -> list[tuple[str | None, list[int]]]:
         """Every prompt as (text, ids); a malformed one raises, naming its index, before anything is queued."""
@@ -368,9 +418,7 @@ class CallRouter(LLMSetup):
             if seq.status is not SequenceStatus.FINISHED:
                 self.engine.scheduler.abort(seq)
 
-
-class LLM(CallRouter):
-    """Offline inference, vLLM-style: LLM(model).generate(prompts, SamplingParams(...)), .chat, .stream."""
+    # -- the public calls
 
     def generate(self, prompts, sampling_params: SamplingParams | list[SamplingParams] | None = None,
                  use_tqdm: bool = True) -> list[RequestOutput]:

@@ -6,13 +6,11 @@ import random
 from collections import deque
 from dataclasses import dataclass
 
-from nanoserve.cache.block_manager import OutOfBlocks
 from nanoserve.cache.paged import PagedKVCache
-from nanoserve.engine.model_runner import ModelRunner
+from nanoserve.engine.model_runner import LaunchedStep, ModelRunner
 from nanoserve.engine.sampling_params import SamplingParams
 from nanoserve.engine.scheduler import ScheduledBatch, Scheduler
 from nanoserve.engine.sequence import Sequence, SequenceStatus, completion_seed
-from nanoserve.model.qwen3 import Qwen3ForCausalLM
 
 
 @dataclass
@@ -23,6 +21,7 @@ class EngineStats:
     preemptions: int = 0
     computed_tokens: int = 0  # tokens whose K/V the model computed
     generated_tokens: int = 0
+    steps_ahead: int = 0  # steps launched before the one before them was processed (async scheduling)
 
 
 @dataclass
@@ -36,35 +35,20 @@ class StepRecord:
     blocks_used: int
 
 
-def start_forks(seq: Sequence, cache: PagedKVCache, scheduler: Scheduler) -> None:
-    """The request's other completions share seq's computed prompt; each recomputes only the prompt's
-    last token (its logits give the completion's own first token). Without room, one waits and is
-    admitted like any request."""
-    for child in seq.forks:
-        started = len(scheduler.running) < scheduler.max_num_seqs
-        if started:
-            try:
-                cache.fork(seq.seq_id, child.seq_id, seq.num_prompt_tokens - 1)
-            except OutOfBlocks:  # no block for the copy of a partly filled last block
-                started = False
-        if started:
-            child.num_computed, child.status = seq.num_prompt_tokens - 1, SequenceStatus.RUNNING
-            scheduler.running.append(child)
-        else:
-            scheduler.waiting.appendleft(child)
-    seq.forks = []
-
-
 class LLMEngine:
-    def __init__(self, model: Qwen3ForCausalLM, cache: PagedKVCache, tokenizer=None, eos_token_ids=(),
-                 max_num_seqs: int = 256, max_num_batched_tokens: int = 8192, enable_chunked_prefill: bool = True,
-                 max_model_len: int = 4096, seed: int = 0, record_steps: int = 0, runner: ModelRunner | None = None,
-                 max_logprobs: int = 20):
+    def __init__(self, model, cache: PagedKVCache, tokenizer=None, eos_token_ids=(), max_num_seqs: int = 256,
+                 max_num_batched_tokens: int = 8192, enable_chunked_prefill: bool = True, max_model_len: int = 4096,
+                 seed: int = 0, record_steps: int = 0, runner: ModelRunner | None = None, max_logprobs: int = 20,
+                 async_scheduling: bool = False):
         self.model, self.cache, self.tokenizer, self.eos = model, cache, tokenizer, set(eos_token_ids)
         self.scheduler = Scheduler(cache, max_num_seqs, max_num_batched_tokens, enable_chunked_prefill)
-        # lesson 06 passes its own runner (CUDA graphs, a fused sampler)
+        # LLM passes a runner with lesson 06's and 07's collaborators (CUDA graphs, workers, a fused sampler)
         self.runner = runner or ModelRunner(model, cache, max_num_seqs, max_num_batched_tokens, max_model_len)
         self.max_model_len, self.max_logprobs = max_model_len, max_logprobs
+        # Schedule and launch step N+1 before waiting for step N's tokens: the CPU's work for one step
+        # overlaps the GPU's for the other (lesson 06 measures it).
+        self.async_scheduling = async_scheduling
+        self.in_flight: LaunchedStep | None = None  # launched, not processed yet (async scheduling)
         self.seeder = random.Random(seed)  # seeds for requests that bring none: reproducible runs
         self.next_id = 0
         self.stats = EngineStats()
@@ -93,7 +77,7 @@ class LLMEngine:
         seqs = [Sequence(self.next_id + i, prompt_ids, params, completion_seed(seed, i), self.eos, self.tokenizer, i)
                 for i in range(params.n)]  # Sequence checks the prompt
         self.next_id += params.n
-        seqs[0].forks = seqs[1:]  # the others start from its computed prompt (see step)
+        seqs[0].forks = seqs[1:]  # the others start from its computed prompt (Scheduler.start_forks)
         self.scheduler.add(seqs[0])
         return seqs[0]
 
@@ -101,42 +85,87 @@ class LLMEngine:
         return self.scheduler.has_unfinished()
 
     def step(self) -> list[tuple[Sequence, int | None]]:
-        """Run one step; returns (sequence, new token or None) for every sequence that computed. If it
-        raises, step_seqs holds the sequences it was running: the requests a server fails with it."""
+        """Run one step: schedule -> launch -> collect -> process. Returns (sequence, new token or None) for
+        every sequence the step computed. With async scheduling the next step is scheduled and launched
+        before this one's tokens are waited for. If it raises, no step counts (the scheduler's counts are
+        taken back), and step_seqs holds the sequences it was running: the requests a server fails with it."""
+        current, self.in_flight = self.in_flight, None
+        try:
+            if current is None:
+                current = self.launch(self.schedule())
+            if self.async_scheduling:
+                ahead = self.schedule()
+                self.stats.preemptions += 0 if ahead.seqs else len(ahead.preempted)
+                if ahead.seqs:
+                    self.in_flight = self.launch(ahead, feed=current)
+                    self.stats.steps_ahead += 1
+            self.step_seqs = current.batch.seqs
+            tokens, logprobs = self.runner.collect(current)
+        except BaseException:
+            self.forget(self.in_flight, current)
+            raise
+        return self.process(current, tokens, logprobs)
+
+    def schedule(self) -> ScheduledBatch:
         self.step_seqs = self.scheduler.running  # while scheduling: whoever runs (this list, as it grows)
         batch = self.scheduler.schedule()  # schedule() takes the step's KV space: the only allocation
         self.step_seqs = batch.seqs
-        return self.run_scheduled(batch)
+        return batch
 
-    def run_scheduled(self, batch: ScheduledBatch) -> list[tuple[Sequence, int | None]]:
+    def launch(self, batch: ScheduledBatch, feed: LaunchedStep | None = None) -> LaunchedStep:
         if not batch.seqs:
             raise RuntimeError("nothing could be scheduled: the KV pool is too small for the next request")
-        tokens, logprobs = self.runner.run(batch)
-        return self.process(batch, tokens, logprobs)
+        try:
+            return self.runner.launch(batch, feed)
+        except BaseException:
+            self.forget(batch)
+            raise
 
-    def process(self, batch: ScheduledBatch, tokens: list[int | None], logprobs: list) -> list[tuple[Sequence, int | None]]:
+    def forget(self, *steps) -> None:
+        """Steps that will never be processed (newest first): the scheduler takes back what they counted,
+        and their forks' block copies are made by the next step instead."""
+        self.in_flight = None
+        for step in steps:
+            batch = getattr(step, "batch", step)
+            if batch is not None:
+                batch.undo()
+                self.scheduler.pending_copies[:0], batch.copies = batch.copies, []
+
+    def process(self, launched: LaunchedStep, tokens: list[int | None], logprobs: list) -> list[tuple[Sequence, int | None]]:
         """Bring every sequence of a computed step up to date: its K/V, its new token, finished or not.
         A sequence whose update raises (its detokenizer, say) fails alone: (seq, None) with finish_reason
-        "error"; the others go on."""
-        out = []
-        for seq, n, token, lp in zip(batch.seqs, batch.num_new, tokens, logprobs):
+        "error"; the others go on. A sequence that finished (or was aborted) since the step was launched
+        drops its row."""
+        out, batch = [], launched.batch
+        for i, (seq, token, lp) in enumerate(zip(batch.seqs, tokens, logprobs)):
+            if seq.status is SequenceStatus.FINISHED:
+                continue
+            # The K/V this step wrote for it, unless it was preempted since (its blocks went back)
+            computed = batch.starts[i] + batch.num_new[i] if seq.num_preemptions == batch.preemptions[i] else None
+            known = seq.num_tokens
             try:
-                self.update(seq, n, token, lp)
+                self.update(seq, computed, token, lp)
                 out.append((seq, token))
             except Exception as e:
                 out.extend((s, None) for s in self.fail(seq, f"{type(e).__name__}: {e}"))
+            except BaseException:  # Ctrl-C: the rest of this step is not processed, nor will the step ahead be
+                batch.undo(i + (seq.num_tokens > known))
+                self.forget(self.in_flight)
+                raise
         self._count(batch, tokens)
+        if self.in_flight is not None and all(s.status is SequenceStatus.FINISHED for s in self.in_flight.batch.seqs):
+            self.in_flight = None  # every sequence in it has finished: nothing to wait for
         return out
 
-    def update(self, seq: Sequence, n: int, token: int | None, lp) -> None:
-        seq.num_computed += n
-        self.cache.commit(seq.seq_id, seq.token_ids, seq.num_computed)  # its K/V are written: shareable now
-        if seq.forks and seq.num_computed >= seq.num_prompt_tokens:
-            start_forks(seq, self.cache, self.scheduler)
+    def update(self, seq: Sequence, computed: int | None, token: int | None, lp) -> None:
+        """computed: how many of seq's tokens have their K/V written now (None: preempted since)."""
+        if computed is not None:
+            self.cache.commit(seq.seq_id, seq.token_ids, computed)  # its K/V are written: shareable now
         if token is not None:
+            seq.append(token)
+            seq.num_placeholders -= 1  # the placeholder is a token now
             if seq.logprobs is not None:
                 seq.logprobs.append(lp)
-            seq.append(token)
             if seq.finish_reason is not None:
                 self.scheduler.finish(seq)
 

@@ -78,16 +78,17 @@ def sample(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
 
 
 class Sampler:
-    """Turns per-request SamplingParams into tensors once per step, then samples the whole batch."""
+    """Turns per-request SamplingParams into tensors once per step, then samples the whole batch. Returns
+    the tokens as a tensor on the logits' device: reading them (.tolist()) waits for the device, which
+    lesson 05's engine does only when it must."""
 
-    def __call__(self, logits: torch.Tensor, params: list, seeds: list[int], steps: list[int]) -> list[int]:
+    def __call__(self, logits: torch.Tensor, params: list, seeds: list[int], steps: list[int]) -> torch.Tensor:
         if all(p.temperature == 0 for p in params):  # all greedy (known here): no random numbers needed
-            return logits.argmax(dim=-1).tolist()
+            return logits.argmax(dim=-1)
         device = logits.device
         temperature = torch.tensor([p.temperature for p in params], dtype=torch.float32, device=device)
         top_k = torch.tensor([p.top_k for p in params], device=device)
         top_p = torch.tensor([p.top_p for p in params], dtype=torch.float32, device=device)
         seeds = torch.tensor([s % 2**63 for s in seeds], device=device)  # any Python int, as an int64
         filtered = any(p.top_k > 0 or p.top_p < 1 for p in params)
-        tokens = sample(logits, temperature, top_k, top_p, seeds, torch.tensor(steps, device=device), filtered)
-        return tokens.tolist()
+        return sample(logits, temperature, top_k, top_p, seeds, torch.tensor(steps, device=device), filtered)

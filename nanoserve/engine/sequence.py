@@ -4,7 +4,7 @@
 """A request as the scheduler sees it: lesson 02's Request, plus its status and cache progress."""
 from enum import Enum
 
-from nanoserve.engine.generate import Request
+from nanoserve.engine.request import Request
 
 
 class SequenceStatus(Enum):
@@ -18,12 +18,18 @@ class Sequence(Request):
     def __init__(self, seq_id: int, prompt_ids: list[int], params, seed: int, eos=(), tokenizer=None, index: int = 0):
         super().__init__(seq_id, prompt_ids, params, seed, set(eos), tokenizer)
         self.status = SequenceStatus.WAITING
-        self.num_computed = 0  # leading tokens whose K/V are in the cache
+        self.num_computed = 0  # leading tokens whose K/V are in the cache, or will be once scheduled steps ran
+        self.num_placeholders = 0  # tokens sampled by scheduled steps, not processed yet (async scheduling)
         self.num_preemptions = 0
         self.index = index  # which of its request's n completions this is
         self.forks: list[Sequence] = []  # the request's other completions, until this one's prompt is computed
         self.logprobs: list[dict[int, float]] | None = [] if params.logprobs is not None else None
         self.error: str | None = None  # why it failed alone (finish_reason "error"; LLMEngine.fail)
+
+    @property
+    def length(self) -> int:
+        """Its tokens, placeholders included: what the scheduler plans with."""
+        return len(self.token_ids) + self.num_placeholders
 
 
 def completion_seed(seed: int, index: int) -> int:

@@ -11,18 +11,18 @@ over torch.distributed: NCCL between GPUs (rank r on cuda:r), gloo on a CPU (eve
 The protocol: rank 0 talks to each worker over its own pipe (multiprocessing's Connection: pickled
 tuples). Rank 0 sends
     ("kv", measure)                  how many KV blocks fit on your device? measure(device=...) says -> ("kv", n)
-    ("build", num_blocks, runner_args)  allocate your KV pool (the same num_blocks on every rank)
-    ("capture", sizes)               record your CUDA graphs, for these decode batch sizes
-    ("step", arrays, scalars, fed, copies)  run one forward
+    ("build", num_blocks, runner_args)  allocate your KV pool (the same num_blocks on every rank) and runner
+    ("graphs", sizes)                record your CUDA graphs, for these decode batch sizes
+    ("step", rows, size, copies)     run one forward
     ("stop",)                        return: destroy the process group and exit
 and a worker sends ("hello",) once started, ("ready",) once its slice is loaded, ("kv", n), and
 ("error", traceback) if anything fails before it exits. A step has no reply: it is answered by
-joining rank 0's collectives. Its `arrays` are the rows of rank 0's step-metadata host buffer (lesson
-02's builder) that this step uses: each rank copies them to its own device and runs the same forward
-(a CUDA graph replay for decode). `fed`: the step's input ids are the tokens rank 0 sampled in the
-previous step, still on rank 0's GPU (lesson 06's async scheduling): they arrive by a broadcast over
-the device group. `copies`: KV blocks that a fork copied on rank 0 since the last step (each rank
-copies its own heads).
+joining rank 0's collectives. Its `rows` are the rows of rank 0's step-metadata host buffer that this
+step uses (lesson 02's builder: `rows` and `load`): each rank copies them to its own device and runs
+the same forward — lesson 05's ModelRunner.compute, a CUDA graph replay of `size` sequences for decode.
+A step whose input ids include placeholders (lesson 05's async scheduling: tokens rank 0 sampled one
+step ago, still on its GPU) gets them by a broadcast over the device group. `copies`: KV blocks the
+scheduler copies for forks before this step (each rank copies its own heads).
 
 Lifecycle. Workers are daemon processes started with `spawn`; they ignore Ctrl-C (rank 0 handles it)
 and exit on ("stop",), or as soon as rank 0's process is gone. In rank 0 a monitor thread waits on
@@ -34,9 +34,12 @@ workers, kills those that do not stop within seconds and destroys the process gr
 tensor-parallel LLM can start in the same process.
 
 `spawn` starts each worker as a fresh Python that imports the main script's module: a script that
-makes a tensor-parallel LLM must do so under `if __name__ == "__main__":` (as with vLLM).
+makes a tensor-parallel LLM must do so under `if __name__ == "__main__":` (as with vLLM). A worker builds
+its parts (the model, the graphs) from their import paths (lesson 05's EngineParts): a class defined in a
+notebook cannot reach it.
 """
 import gc
+import importlib
 import multiprocessing.connection
 import os
 import signal
@@ -50,17 +53,10 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from nanoserve.cache.metadata import StepMetadata, StepMetadataBuilder
 from nanoserve.cache.paged import PagedKVCache
-from nanoserve.cache.prefix import PrefixCachingKVCache
-from nanoserve.engine.cuda_graphs import GraphModelRunner, padded_size
-from nanoserve.engine.overlap import OverlappedModelRunner
+from nanoserve.engine.model_runner import ModelRunner
 from nanoserve.model.qwen3_tp import load_tp_model
 from nanoserve.model.tp_layers import OneShotTPGroup, TPGroup
-
-ROWS = ("input_ids", "positions", "slot_mapping")  # one entry per token of the step
-SEQ_ROWS = ("context_lens",)  # one per sequence
-
 
 # ----------------------------------------------------------------------------
 # Both sides: the process group, and a step's metadata as it travels
@@ -91,72 +87,8 @@ def tp_group(rank: int, size: int, dtype: torch.dtype, device: torch.device, cus
     return TPGroup(rank, size)
 
 
-def step_arrays(builder: StepMetadataBuilder, meta: StepMetadata) -> tuple[dict, tuple]:
-    """The host rows of the builder that `meta` uses (what a worker needs to rebuild it), and its scalars."""
-    h, T, S = builder.h, meta.input_ids.shape[0], meta.context_lens.shape[0]
-    arrays = {name: h[name][:T].copy() for name in ROWS}
-    arrays.update({name: h[name][:S].copy() for name in SEQ_ROWS})
-    arrays["cu_seqlens_q"] = h["cu_seqlens_q"][:S + 1].copy()
-    arrays["sample_rows"] = h["sample_rows"][:meta.sample_rows.shape[0]].copy()
-    arrays["block_tables"] = h["block_tables"][:S, :meta.block_tables.shape[1]].copy()
-    return arrays, (meta.is_decode, meta.max_context_len, meta.max_query_len)
-
-
-def load_step(builder: StepMetadataBuilder, arrays: dict, scalars: tuple, pad=None) -> StepMetadata:
-    """step_arrays' inverse, on this rank's builder: write the rows, copy them to the device, and view
-    them as StepMetadata. pad(n): fill the padding rows of a graph's batch, as rank 0 did."""
-    h, d = builder.h, builder.d
-    T, S = len(arrays["input_ids"]), len(arrays["context_lens"])
-    for name in (*ROWS, *SEQ_ROWS, "cu_seqlens_q", "sample_rows"):
-        h[name][:len(arrays[name])] = arrays[name]
-    tables = arrays["block_tables"]
-    h["block_tables"][:S, :tables.shape[1]], h["block_tables"][:S, tables.shape[1]:] = tables, -1
-    if pad is not None:
-        pad(S)
-    if builder.dev is not builder.host:
-        builder.dev.copy_(builder.host, non_blocking=True)
-    return StepMetadata(d["input_ids"][:T], d["positions"][:T], d["slot_mapping"][:T],
-                        d["block_tables"][:S, :tables.shape[1]], d["context_lens"][:S], d["cu_seqlens_q"][:S + 1],
-                        d["sample_rows"][:len(arrays["sample_rows"])], *scalars)
-
-
-def copy_blocks(cache: PagedKVCache, copies: list[tuple[int, int]]) -> None:
-    for src, dst in copies:
-        cache.k_cache[:, dst] = cache.k_cache[:, src]
-        cache.v_cache[:, dst] = cache.v_cache[:, src]
-
-
 # ----------------------------------------------------------------------------
 # A worker: ranks 1..N-1
-
-
-class WorkerRunner(GraphModelRunner):
-    """A worker's model runner: no scheduler, no sampling; rank 0 sends every step."""
-
-    def __init__(self, model, cache, max_num_seqs: int, max_num_batched_tokens: int, max_model_len: int):
-        # no graphs yet: rank 0 says when to record them (after its warm-up) and for which sizes
-        super().__init__(model, cache, max_num_seqs, max_num_batched_tokens, max_model_len, cuda_graphs=False)
-        self.copied = None  # an event: the last step's inputs have left the (pinned) host buffer
-
-    def warm_up(self) -> None:
-        """Nothing of its own: rank 0's warm-up steps arrive as ordinary steps."""
-
-    def record_graphs(self, sizes: list[int]) -> None:
-        self.sizes = sizes
-        self.capture()
-
-    @torch.inference_mode()
-    def step(self, arrays: dict, scalars: tuple, fed: bool, copies: list) -> None:
-        copy_blocks(self.cache, copies)
-        n = len(arrays["context_lens"])
-        size = padded_size(n, self.sizes) if scalars[0] else None  # scalars[0]: a decode step
-        if self.copied is not None:  # rank 0 may send a step before our GPU has copied the last one's inputs
-            self.copied.synchronize()
-        meta = load_step(self.builder, arrays, scalars, pad=(lambda n: self.pad(n, size)) if size else None)
-        self.copied = record_event(meta.input_ids)
-        if fed:  # this step's tokens were sampled on rank 0's device, one step ago
-            dist.broadcast(meta.input_ids, src=0)
-        self.forward(meta)  # its logits are rank 0's business
 
 
 def watch_parent() -> None:
@@ -166,7 +98,7 @@ def watch_parent() -> None:
 
 
 def worker_main(rank: int, size: int, conn, port: int, path: str, dtype: torch.dtype, device_type: str,
-                compiled: bool, custom_all_reduce: bool) -> None:
+                compiled: bool, custom_all_reduce: bool, parts: dict) -> None:
     """A worker process's whole life: join the group, load its slice, then serve rank 0's commands."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is for rank 0, which then stops us
     threading.Thread(target=watch_parent, daemon=True).start()
@@ -181,7 +113,7 @@ def worker_main(rank: int, size: int, conn, port: int, path: str, dtype: torch.d
         join_group(store, rank, size, device)
         model = load_tp_model(path, tp_group(rank, size, dtype, device, custom_all_reduce), dtype, device, compiled)
         conn.send(("ready",))
-        serve(conn, model, device)
+        serve(conn, model, device, parts)
     except (EOFError, BrokenPipeError):
         pass  # rank 0 is gone: nobody to report to
     except BaseException:
@@ -191,7 +123,12 @@ def worker_main(rank: int, size: int, conn, port: int, path: str, dtype: torch.d
             dist.destroy_process_group()
 
 
-def serve(conn, model, device: torch.device) -> None:
+def import_part(path: str):
+    module, _, name = path.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def serve(conn, model, device: torch.device, parts: dict) -> None:
     runner = None
     while True:
         kind, *args = conn.recv()  # EOFError once rank 0 has closed its end
@@ -201,14 +138,21 @@ def serve(conn, model, device: torch.device) -> None:
             measure, = args
             conn.send(("kv", measure(device=device)))
         elif kind == "build":
-            num_blocks, runner_args = args
-            dtype = model.lm_head.weight.dtype
-            cache = PagedKVCache(model.config, num_blocks, runner_args.pop("block_size"), dtype, device)
-            runner = WorkerRunner(model, cache, **runner_args)
-        elif kind == "capture":
-            runner.record_graphs(*args)
+            num_blocks, block_size, runner_args = args
+            cache = PagedKVCache(model.config, num_blocks, block_size, model.lm_head.weight.dtype, device)
+            runner = ModelRunner(model, cache, **runner_args)  # no sampler, no scheduler: rank 0 has those
+        elif kind == "graphs":
+            sizes, = args
+            runner.graphs = import_part(parts["graphs"])(sizes[-1])
+            runner.graphs.record(runner)
         elif kind == "step":
-            runner.step(*args)
+            rows, size, copies = args
+            with torch.inference_mode():
+                meta = runner.builder.load(rows)
+                runner.cache.copy_blocks(copies)
+                if meta.num_fed:  # placeholders: the tokens rank 0 sampled a step ago, still on its device
+                    dist.broadcast(meta.input_ids, src=0)
+                runner.compute(meta, size)  # its logits are rank 0's business
         else:
             raise ValueError(f"unknown command {kind!r} from rank 0")
 
@@ -217,40 +161,14 @@ def serve(conn, model, device: torch.device) -> None:
 # Rank 0
 
 
-class SharedForks:
-    """Rank 0's KV cache, remembering the block copies its forks make (lesson 05's n > 1 completions):
-    every worker makes the same copies in its own pool before the next step."""
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.pending_copies: list[tuple[int, int]] = []  # sent with the next step, then cleared
-
-    def fork(self, parent: int, child: int, num_tokens: int) -> None:
-        copy = self.block_manager.fork(parent, child, num_tokens)
-        if copy is not None:
-            copy_blocks(self, [copy])
-            self.pending_copies.append(copy)
-
-
-class TPPagedKVCache(SharedForks, PagedKVCache):
-    pass
-
-
-class TPPrefixCachingKVCache(SharedForks, PrefixCachingKVCache):
-    pass
-
-
 class TPWorkers:
     """Rank 0's side: starts the workers, loads rank 0's slice (`.model`), sends steps, watches for
     deaths, and shuts everything down."""
 
-    # spawn: each worker is a fresh Python that imports this module (a process that uses CUDA cannot be
-    # forked). On a CPU, "fork" also works: a worker starts as a copy of rank 0's process, so it runs the
-    # classes rank 0 runs, even those a notebook defines (lesson 07 does that).
-    start_method = "spawn"
-
     def __init__(self, path, dtype: torch.dtype, device: torch.device, size: int, compiled: bool,
-                 custom_all_reduce: bool = False):
+                 custom_all_reduce: bool = False, parts: dict | None = None):
+        """parts: {"model": ..., "graphs": ...}, import paths of the classes the workers build (spawned:
+        each is a fresh Python, which imports them)."""
         gc.collect()  # a tensor-parallel LLM dropped without shutdown() gives its process group back now
         if dist.is_initialized():
             if ABANDONED:
@@ -266,13 +184,13 @@ class TPWorkers:
         self.size, self.device = size, device_of(device.type, 0)
         self.failures: list[str] = []  # written by the monitor thread
         store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)  # port 0: any free port
-        ctx = mp.get_context(self.start_method)
+        ctx = mp.get_context("spawn")  # a process that uses CUDA cannot be forked
         self.procs, self.conns = [], []
         for rank in range(1, size):
             ours, theirs = ctx.Pipe()
             proc = ctx.Process(target=worker_main, name=f"nanoserve-tp-rank{rank}", daemon=True,
                                args=(rank, size, theirs, store.port, str(path), dtype, device.type, compiled,
-                                     custom_all_reduce))
+                                     custom_all_reduce, parts or {"graphs": "nanoserve.engine.cuda_graphs:CUDAGraphs"}))
             proc.start()
             theirs.close()  # the worker's end lives in the worker only: its exit closes the pipe
             self.procs.append(proc)
@@ -320,25 +238,28 @@ class TPWorkers:
             out.append(reply[1:])
         return out
 
-    @staticmethod
-    def kv_cache_class(cache_cls):
-        """Rank 0's version of a lesson 03/04 KV cache class (its forks' copies reach the workers)."""
-        return {PagedKVCache: TPPagedKVCache, PrefixCachingKVCache: TPPrefixCachingKVCache}[cache_cls]
-
     def fewest_kv_blocks(self, own: int, measure) -> int:
         """How many KV blocks every rank can hold: the smallest number any rank has room for. measure(device)
         counts the blocks that fit on a device (every rank's blocks have the same size)."""
         self.send(("kv", measure))
         return min([own] + [n for n, in self.replies("kv")])
 
-    def runner(self, model, cache, max_num_seqs: int, max_num_batched_tokens: int, max_model_len: int,
-               sampler, cuda_graphs: bool) -> "TPModelRunner":
-        """Every worker builds its KV pool and runner; then rank 0's (whose warm-up steps they run too)."""
-        self.send(("build", cache.block_manager.num_blocks,
-                   dict(block_size=cache.block_size, max_num_seqs=max_num_seqs,
-                        max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len)))
-        return TPModelRunner(self, model, cache, max_num_seqs, max_num_batched_tokens, max_model_len, sampler,
-                             cuda_graphs=cuda_graphs)
+    def build(self, num_blocks: int, block_size: int, max_num_seqs: int, max_num_batched_tokens: int,
+              max_model_len: int) -> None:
+        """Every worker allocates its KV pool (num_blocks, as rank 0's) and its model runner."""
+        self.send(("build", num_blocks, block_size, dict(max_num_seqs=max_num_seqs, max_model_len=max_model_len,
+                                                         max_num_batched_tokens=max_num_batched_tokens)))
+
+    def record_graphs(self, sizes: list[int]) -> None:
+        self.send(("graphs", sizes))  # they record theirs while rank 0 records its own: the collectives meet
+
+    def send_step(self, rows: dict, size: int | None, copies: list) -> None:
+        self.send(("step", rows, size, copies))
+
+    def share_inputs(self, meta) -> None:
+        """A step with placeholders: rank 0 has put the tokens it sampled into its input ids; so do the others."""
+        if meta.num_fed:
+            dist.broadcast(meta.input_ids, src=0)
 
     # -- deaths and failures
 
@@ -433,48 +354,3 @@ def stop(procs: list, conns: list, wake, settled: threading.Event, num_threads: 
     elif dist.is_initialized():
         dist.destroy_process_group()
     torch.set_num_threads(num_threads)
-
-
-class TPModelRunner(OverlappedModelRunner):
-    """Rank 0's model runner: every forward is first sent to the workers, and run on every rank at once.
-    Lesson 06's launch-ahead works too: a step fed from the previous step's tokens broadcasts them."""
-
-    def __init__(self, workers: TPWorkers, *args, **kwargs):
-        self.workers, self.launching, self.fed = workers, False, False
-        super().__init__(*args, **kwargs)
-
-    def capture(self) -> None:
-        self.workers.send(("capture", self.sizes))  # the workers record theirs at the same time, in step
-        super().capture()
-
-    def launch(self, batch, step, sample_steps, feed=None, rows=None):
-        self.launching, self.fed = True, feed is not None
-        try:
-            return super().launch(batch, step, sample_steps, feed, rows)
-        finally:
-            self.launching = self.fed = False
-
-    def forward(self, meta: StepMetadata) -> torch.Tensor:
-        copies, self.cache.pending_copies = self.cache.pending_copies, []
-        self.workers.send(("step", *step_arrays(self.builder, meta), self.fed, copies))
-        try:
-            if self.fed:
-                dist.broadcast(meta.input_ids, src=0)
-            logits = super().forward(meta)
-            if not self.launching:  # the sampler reads them next: wait here, watching the workers
-                self.workers.wait(record_event(logits))
-            return logits
-        except BaseException as e:  # the ranks are out of step now (a death, an error, Ctrl-C)
-            self.workers.fail(e)
-
-    def collect(self, launched) -> list[int]:
-        self.workers.wait(launched.done)
-        return super().collect(launched)
-
-
-def record_event(tensor: torch.Tensor) -> torch.cuda.Event | None:
-    if not tensor.is_cuda:
-        return None
-    event = torch.cuda.Event()
-    event.record()
-    return event
