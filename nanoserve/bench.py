@@ -82,10 +82,10 @@ def graph_replay_ceiling(llm, replays: int = 200) -> float | None:
     """Tokens/s of replaying the batch-1 graph alone (its last step's context): what a batch-1 step could
     cost with no CPU work at all. None without graphs, and with tensor parallelism."""
     runner = llm.engine.runner
-    if not getattr(runner, "graphs", None) or llm.workers is not None:
+    if runner.graphs is None or llm.workers is not None:
         return None  # no graphs; or tensor-parallel ones, whose collectives wait for every rank to replay too
     runner.builder.d["slot_mapping"][:1].fill_(-1)  # replays must not write K/V anywhere
-    graph = runner.graphs[1][0]
+    graph = runner.graphs.graphs[1][0]
     torch.cuda.synchronize()
     start = time.perf_counter()
     for _ in range(replays):
@@ -194,10 +194,7 @@ def profile_steps(engine, num_steps: int) -> dict:
     with contextlib.ExitStack() as stack:
         stack.enter_context(replaced(engine.scheduler, "schedule", timed("schedule", engine.scheduler.schedule)))
         stack.enter_context(replaced(runner.builder, "build", timed("build metadata", runner.builder.build)))
-        if hasattr(runner.sampler, "launch"):  # lesson 06's sampler: launch() queues, __call__ also reads
-            stack.enter_context(replaced(runner.sampler, "launch", timed("sample", runner.sampler.launch)))
-        else:
-            stack.enter_context(replaced(runner, "sampler", timed("sample", runner.sampler)))
+        stack.enter_context(replaced(runner, "sampler", timed("sample", runner.sampler)))
         stack.enter_context(replaced(runner, "forward", on_the_gpu(runner.forward)))  # eager or a graph replay
         sync()
         start = time.perf_counter()

@@ -23,5 +23,5 @@ def test_profile_runs_on_lesson_06s_engine_and_removes_its_timers():
     llm = LLM("tiny-qwen3", max_model_len=128, num_gpu_blocks_override=64, async_scheduling=True)
     found = profile_decode(llm, [[1, 2, 3], [4, 5]], num_steps=3)
     assert found["ms_per_step"]["sample"] > 0
-    assert "launch" not in vars(llm.engine.runner.sampler) and "forward" not in vars(llm.engine.runner)
+    assert type(llm.engine.runner.sampler).__name__ == "FusedSampler" and "forward" not in vars(llm.engine.runner)
     assert len(llm.generate([[1, 2, 3]], use_tqdm=False)[0].outputs[0].token_ids) == 16

@@ -92,23 +92,21 @@ def test_a_stream_sees_its_request_fail_and_the_others_go_on(llm):
 def test_a_failed_step_names_its_sequences(llm):
     engine = llm.engine
     engine.add_request([1, 2, 3], GREEDY)
-    runner_run = engine.runner.run
+    launch = engine.runner.launch
 
     def boom(*args, **kwargs):
         raise RuntimeError("boom")
 
-    engine.runner.run = boom
-    if hasattr(engine.runner, "launch"):
-        engine.runner.launch = boom
+    engine.runner.launch = boom
     try:
         with pytest.raises(RuntimeError, match="boom"):
             engine.step()
     finally:
-        vars(engine.runner).pop("run"), vars(engine.runner).pop("launch", None)
+        vars(engine.runner).pop("launch")
     assert [s.prompt_ids for s in engine.step_seqs] == [[1, 2, 3]]
     for seq in list(engine.step_seqs):
         engine.scheduler.abort(seq)
-    assert runner_run == engine.runner.run and pool_clean(llm)
+    assert launch == engine.runner.launch and pool_clean(llm)
 
 
 def test_a_request_whose_text_cannot_be_decoded_fails_alone(llm, monkeypatch):

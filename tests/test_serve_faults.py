@@ -193,9 +193,9 @@ def test_a_failed_step_fails_only_the_requests_in_it(llm, monkeypatch, named):
     b_text, c_text = greedy(llm, B_PROMPT, 8), greedy(llm, C_PROMPT, 20)
     engine, app = llm.engine, build_app(llm, MODEL)
     monkeypatch.setattr(engine.scheduler, "max_num_seqs", 2)  # B must wait for a place in the batch
-    run, fired = engine.runner.run, []
+    run, fired = engine.runner.launch, []
 
-    def runner_run(batch):
+    def runner_run(batch, feed=None):
         prompts = [s.prompt_ids for s in batch.seqs]
         if not fired and A_PROMPT in prompts and C_PROMPT in prompts:
             if not engine.scheduler.waiting:  # hold A and C here until B is queued: then it has to wait
@@ -206,9 +206,9 @@ def test_a_failed_step_fails_only_the_requests_in_it(llm, monkeypatch, named):
                 fired.append(len(engine.scheduler.waiting))
                 engine.step_seqs = [s for s in batch.seqs if s.prompt_ids == A_PROMPT] if named else []
                 raise RuntimeError("injected step failure")
-        return run(batch)
+        return run(batch, feed)
 
-    monkeypatch.setattr(engine.runner, "run", runner_run)
+    monkeypatch.setattr(engine.runner, "launch", runner_run)
 
     async def stream(http, url, prompt, max_tokens):
         body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True, "stream": True}

@@ -18,11 +18,12 @@ def _seq(seq_id, n_prompt, max_tokens=8, world=None):
 
 
 def _run(scheduler, batch):
-    """What the engine does after a step: count computed tokens, give finished prefills a token."""
-    for seq, n in zip(batch.seqs, batch.num_new):
-        seq.num_computed += n
-        if seq.num_computed == seq.num_tokens:
+    """What the engine does after a step (the scheduler counted its tokens already): each sequence that
+    samples gets its token, which resolves its placeholder."""
+    for seq, sampled in zip(batch.seqs, batch.sampled):
+        if sampled:
             seq.append(7)
+            seq.num_placeholders -= 1
 
 
 def check_scheduler(scheduler_cls) -> None:
@@ -87,39 +88,41 @@ def check_scheduler(scheduler_cls) -> None:
     print("✓ scheduler: running first, chunked prefill within the token budget, max_num_seqs, newest preempted")
 
 
-def check_prepare_inputs(prepare_inputs) -> None:
+def _batch(seqs_and_chunks):
+    """A ScheduledBatch of (sequence, start, n): n new tokens from position start (placeholders past its tokens)."""
     from nanoserve.engine.scheduler import ScheduledBatch
 
-    mid, last, decode = _seq(0, 10), _seq(1, 6), _seq(2, 3)
-    mid.num_computed = 2  # computes tokens 2..5 now, 4 more later: no sample
-    last.num_computed = 4  # computes 4..5: its prompt is done, sample
-    decode.num_computed = 3
+    seqs, starts, nums = zip(*seqs_and_chunks)
+    return ScheduledBatch(list(seqs), list(nums), list(starts))
+
+
+def check_prepare_inputs(prepare_inputs) -> None:
+    mid, last, decode, ahead = _seq(0, 10), _seq(1, 6), _seq(2, 3), _seq(3, 4)
     decode.append(9)  # decoding: token 9 at position 3
-    batch = ScheduledBatch([mid, last, decode], [4, 2, 1])
-    got = prepare_inputs(batch)
-    want = ([(0, 2, [3, 4, 5, 6]), (1, 4, [5, 6]), (2, 3, [9])], [False, True, True])
-    if (list(map(tuple, got[0])), list(got[1])) != want:
-        raise AssertionError(f"prepare_inputs gave {got}, want {want} ((seq_id, first new position, new token ids) "
-                             f"per sequence, and which sequences sample)")
-    # Random batches: chunks that end anywhere, one token short of the prompt's end included.
+    ahead.append(8)
+    ahead.num_placeholders = 1  # its token at position 5 was sampled by a step not processed yet
+    got = prepare_inputs(_batch([(mid, 2, 4), (last, 4, 2), (decode, 3, 1), (ahead, 5, 1)]))
+    want = [(0, 2, [3, 4, 5, 6]), (1, 4, [5, 6]), (2, 3, [9]), (3, 5, [0])]
+    if list(map(tuple, got)) != want:
+        raise AssertionError(f"prepare_inputs gave {got}, want {want}: (seq_id, first new position, new token ids) "
+                             f"per sequence; a placeholder (a token past its token_ids) is 0")
+    # Random batches: chunks that start and end anywhere, a placeholder at the end or not.
     rng = random.Random(5)
-    for _ in range(60):
-        seqs, nums = [], []
+    for _ in range(80):
+        chunks = []
         for i in range(rng.randint(1, 5)):
             seq = _seq(10 + i, rng.randint(1, 12))
-            if rng.random() < 0.3:  # decoding: its sampled tokens computed but the last
-                seq.num_computed = seq.num_tokens
+            for _ in range(rng.choice([0, 0, 1, 3])):
                 seq.append(rng.randint(0, 99))
-            seq.num_computed = rng.randint(0, seq.num_tokens - 1)
-            seqs.append(seq)
-            nums.append(rng.randint(1, seq.num_tokens - seq.num_computed))
-        want = ([(q.seq_id, q.num_computed, q.token_ids[q.num_computed:q.num_computed + n]) for q, n in zip(seqs, nums)],
-                [q.num_computed + n == q.num_tokens for q, n in zip(seqs, nums)])
-        got = prepare_inputs(ScheduledBatch(seqs, nums))
-        if (list(map(tuple, got[0])), list(got[1])) != want:
-            raise AssertionError(f"prepare_inputs gave {got}, want {want}: a sequence samples exactly when this "
-                                 f"step's tokens reach its last token")
-    print("✓ prepare_inputs: each sequence's new tokens and first position; only finished prefixes sample")
+            seq.num_placeholders = rng.choice([0, 0, 1])
+            start = rng.randint(0, seq.length - 1)
+            chunks.append((seq, start, rng.randint(1, seq.length - start)))
+        want = [(q.seq_id, start, (q.token_ids + [0] * q.num_placeholders)[start:start + n]) for q, start, n in chunks]
+        got = prepare_inputs(_batch(chunks))
+        if list(map(tuple, got)) != want:
+            raise AssertionError(f"prepare_inputs gave {got}, want {want}: each sequence's tokens from batch.starts[i], "
+                                 f"batch.num_new[i] of them, a placeholder as 0")
+    print("✓ prepare_inputs: each sequence's new tokens from its start, placeholders as 0")
 
 
 def check_batch_invariance(engine_cls) -> None:

@@ -75,27 +75,28 @@ def check_graph_sizes(graph_sizes, padded_size) -> None:
 
 
 class CPUGraph:
-    """A CPU stand-in for torch.cuda.CUDAGraph, with its contract: "recording" runs fn once and keeps its
-    output; replay runs fn again into that same output tensor. fn must read only tensors that live as long
-    as the graph (static inputs). It saves nothing: on a CPU it only checks the bookkeeping around graphs."""
+    """A CPU stand-in for a recorded CUDA graph, with its contract: recording runs forward once and keeps its
+    output; each replay runs forward again, into that same output tensor. Like a CUDA graph, it reads the
+    tensors it was recorded over: a graph recorded over anything but the builder's buffers replays stale
+    inputs. It saves nothing: on a CPU it checks the bookkeeping around graphs."""
 
-    def __init__(self, fn):
-        self.fn, self.replays = fn, 0
-        self.output = fn()
+    def __init__(self, forward, pool=None):
+        self.forward, self.replays = forward, 0
+        self.output = forward()
+        self.memory = pool if pool is not None else ("pool", id(self))  # recorded into a pool, or a new one
 
     def replay(self) -> None:
-        self.output.copy_(self.fn())
+        self.output.copy_(self.forward())
         self.replays += 1
 
+    def pool(self):
+        return self.memory
 
-def cpu_graphs(runner, sizes: list[int]) -> None:
-    """Give a GraphModelRunner (built with cuda_graphs=False) CPUGraphs of these sizes, as capture() does."""
-    runner.sizes = sizes
-    runner.pad(0, sizes[-1])
-    for size in reversed(sizes):
-        meta = runner.static_metadata(size)
-        graph = CPUGraph(lambda meta=meta: runner._logits(meta))
-        runner.graphs[size] = (graph, graph.output)
+
+def cpu_capture(forward, pool):
+    graph = CPUGraph(forward, pool)
+    cpu_capture.pools.append(pool)
+    return graph, graph.output
 
 
 def _engine_outputs(engine, requests):
@@ -105,44 +106,48 @@ def _engine_outputs(engine, requests):
     return [s.output_ids for s in seqs]
 
 
-def check_pad(runner_cls) -> None:
+def check_graphs(graphs_cls) -> None:
     import random
 
     from nanoserve.cache.paged import PagedKVCache
     from nanoserve.engine.llm_engine import LLMEngine
+    from nanoserve.engine.model_runner import ModelRunner
     from nanoserve.engine.sampling_params import SamplingParams
     from nanoserve.model.qwen3 import Qwen3ForCausalLM
 
     model = ours_from_hf(Qwen3ForCausalLM, hf_tiny_model(**TINY_CONFIGS["qwen3 group=2 head_dim=128"], seed=6))
     args = dict(max_num_seqs=8, max_num_batched_tokens=64, max_model_len=64)
-    runner = runner_cls(model, PagedKVCache(model.config, num_blocks=64, block_size=4), **args, cuda_graphs=False)
-    h = runner.builder.h
-    for name in ("input_ids", "positions", "slot_mapping", "context_lens"):
-        h[name][:] = 77
-    runner.pad(3, 6)
-    for name, value in (("input_ids", 0), ("positions", 0), ("slot_mapping", -1), ("context_lens", 0)):
-        row = h[name][:8].tolist()
-        if row[3:6] != [value] * 3 or row[:3] + row[6:] != [77] * 5:
-            raise AssertionError(f"after pad(3, 6), {name}[:8] = {row}: rows 3, 4, 5 should be {value}, the others "
-                                 f"untouched (77)")
-    # The whole path on a CPU: padded decode batches through CPUGraph stand-ins give the eager engine's tokens.
     rng = random.Random(6)
     requests = [([rng.randrange(512) for _ in range(rng.randint(1, 12))],
                  SamplingParams(temperature=0 if i % 2 else 0.8, seed=i, max_tokens=rng.randint(2, 10), ignore_eos=True))
                 for i in range(7)]
     want = _engine_outputs(LLMEngine(model, PagedKVCache(model.config, num_blocks=64, block_size=4), **args), requests)
-    cache = PagedKVCache(model.config, num_blocks=64, block_size=4)
-    runner = runner_cls(model, cache, **args, cuda_graphs=False)
-    cpu_graphs(runner, [1, 2, 4, 8])
-    got = _engine_outputs(LLMEngine(model, cache, **args, runner=runner), requests)
-    replays = {size: graph.replays for size, (graph, _) in runner.graphs.items()}
-    if got != want:
-        raise AssertionError(f"through padded graphs: {got}; eager: {want}. Padding rows must write no K/V "
-                             f"(slot -1) and attend to nothing (context length 0)")
-    if not (replays[4] and replays[8]):
-        raise AssertionError(f"replays per graph size {replays}: the padded graphs did not run")
-    print(f"✓ pad: padding rows write nowhere; 7 requests through padded graph replays {replays} give the eager "
-          f"engine's tokens")
+    for async_scheduling in (False, True):
+        cache = PagedKVCache(model.config, num_blocks=64, block_size=4)
+        graphs = graphs_cls(8)
+        graphs.capture, cpu_capture.pools = cpu_capture, []  # the CPU stand-in
+        runner = ModelRunner(model, cache, args["max_num_seqs"], args["max_num_batched_tokens"], args["max_model_len"],
+                             graphs=graphs)
+        before = cache.k_cache.clone()
+        graphs.record(runner)
+        if sorted(graphs.graphs) != graphs.sizes:
+            raise AssertionError(f"recorded sizes {sorted(graphs.graphs)}, want one graph per size {graphs.sizes}")
+        if not torch.equal(cache.k_cache, before):
+            raise AssertionError("recording wrote K/V into the pool: record with every row padding (slot -1)")
+        if cpu_capture.pools[0] is not None or len({str(p) for p in cpu_capture.pools[1:]}) != 1:
+            raise AssertionError(f"memory pools passed to capture: {cpu_capture.pools}; the first (largest) graph "
+                                 f"gets None, every later one the first graph's pool()")
+        got = _engine_outputs(LLMEngine(model, cache, **args, runner=runner, async_scheduling=async_scheduling),
+                              requests)
+        replays = {size: graph.replays for size, (graph, _) in graphs.graphs.items()}
+        if got != want:
+            raise AssertionError(f"through the graphs (async scheduling {async_scheduling}): {got}; eager: {want}. "
+                                 f"Record over builder.static(size, ...) (the buffers every step refills), and pad "
+                                 f"every row before recording")
+        if not (replays[4] and replays[8]):
+            raise AssertionError(f"replays per graph size {replays}: the padded graphs did not run")
+    print(f"✓ record: one graph per size, recorded over the builder's buffers without writing K/V; 7 requests "
+          f"through padded replays {replays} give the eager engine's tokens, with and without async scheduling")
 
 
 def workload_roofline(bandwidth: float = 4.3e12) -> dict:
@@ -171,5 +176,5 @@ EXERCISES = {
     "6.1 add_rms_norm": lambda ns: check_add_rms_norm(ns["add_rms_norm"]),
     "6.2 checkpoint_tensors": lambda ns: check_checkpoint_tensors(ns["FusedQwen3ForCausalLM"]),
     "6.3 graph_sizes": lambda ns: check_graph_sizes(ns["graph_sizes"], ns["padded_size"]),
-    "6.4 pad": lambda ns: check_pad(ns["GraphModelRunner"]),
+    "6.4 record": lambda ns: check_graphs(ns["CUDAGraphs"]),
 }
