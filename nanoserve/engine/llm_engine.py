@@ -122,14 +122,12 @@ class LLMEngine:
             raise
 
     def forget(self, *steps) -> None:
-        """Steps that will never be processed (newest first): the scheduler takes back what they counted,
-        and their forks' block copies are made by the next step instead."""
+        """Steps that will never be processed (newest first): the scheduler takes back what they counted."""
         self.in_flight = None
         for step in steps:
             batch = getattr(step, "batch", step)
             if batch is not None:
-                batch.undo()
-                self.scheduler.pending_copies[:0], batch.copies = batch.copies, []
+                self.scheduler.drop(batch)
 
     def process(self, launched: LaunchedStep, tokens: list[int | None], logprobs: list) -> list[tuple[Sequence, int | None]]:
         """Bring every sequence of a computed step up to date: its K/V, its new token, finished or not.

@@ -22,6 +22,7 @@ class ScheduledBatch:
     preemptions: list[int] = field(default_factory=list)  # its num_preemptions when scheduled
     preempted: list[Sequence] = field(default_factory=list)
     copies: list[tuple[int, int]] = field(default_factory=list)  # KV blocks (src, dst) to copy first (forks)
+    forked: list[Sequence] = field(default_factory=list)  # the completions whose blocks those copies fill
 
     def add(self, seq: Sequence, n: int) -> None:
         """n of seq's tokens go in this step, and are counted at once: from now on seq.num_computed
@@ -52,7 +53,7 @@ class SequenceQueues:
         self.cache, self.max_num_seqs = cache, max_num_seqs
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # in admission order: the last one is preempted first
-        self.pending_copies: list[tuple[int, int]] = []  # forks' block copies, made before the next step
+        self.pending_copies: list[tuple[Sequence, tuple[int, int]]] = []  # forks' block copies, for the next step
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -99,7 +100,7 @@ class SequenceQueues:
                 except OutOfBlocks:  # no block for the copy of a partly filled last block
                     started = False
             if started:
-                self.pending_copies += [copy] if copy is not None else []
+                self.pending_copies += [(child, copy)] if copy is not None else []
                 child.num_computed, child.status = seq.num_prompt_tokens - 1, SequenceStatus.RUNNING
                 self.running.append(child)
             else:
@@ -123,17 +124,26 @@ class Scheduler(SequenceQueues):
         try:
             self._fill(batch)
         except BaseException:  # interrupted halfway (Ctrl-C): no step is taken, so neither are its counts
-            batch.undo()
-            self.pending_copies[:0] = batch.copies
+            self.drop(batch)
             raise
         return batch
+
+    def drop(self, batch: ScheduledBatch) -> None:
+        """A step that will never be processed: take back what it counted. A completion whose fork copy
+        went with it starts over (the copy's source may be gone by the next step)."""
+        batch.undo()
+        for child in batch.forked:
+            if child.status is SequenceStatus.RUNNING:
+                self.preempt(child)
+        batch.copies, batch.forked = [], []
 
     def _fill(self, batch: ScheduledBatch) -> None:
         budget = self.max_num_batched_tokens
         # 0. The other completions (n > 1) of a request whose first token has been processed start now.
         for seq in [s for s in self.running if s.forks and s.num_output_tokens > 0]:
             self.start_forks(seq)
-        batch.copies, self.pending_copies = self.pending_copies, []
+        live = [(child, copy) for child, copy in self.pending_copies if child.status is SequenceStatus.RUNNING]
+        batch.forked, batch.copies, self.pending_copies = [c for c, _ in live], [cp for _, cp in live], []
         # 1. Running sequences, oldest first: a decode token, or the next chunk of a split prompt. One whose
         # unprocessed token is its last (max_tokens) has nothing left to compute.
         queue = deque(s for s in self.running if s.num_output_tokens + s.num_placeholders < s.params.max_tokens)
