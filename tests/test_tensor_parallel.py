@@ -105,7 +105,7 @@ def test_two_tp_engines_one_after_another_with_async_scheduling(models, tp1):
     for _ in range(2):
         with LLM(str(models["qwen3"]), **ENGINE, tensor_parallel_size=2, async_scheduling=True) as llm:
             outputs = llm.generate(PROMPTS, PARAMS, use_tqdm=False)
-            assert llm.engine.steps_ahead > 0
+            assert llm.engine.stats.steps_ahead > 0
         assert [c.token_ids for o in outputs for c in o.outputs] == want
 
 
