@@ -55,7 +55,8 @@ from nanoserve.cache.paged import PagedKVCache
 from nanoserve.cache.prefix import PrefixCachingKVCache
 from nanoserve.engine.cuda_graphs import GraphModelRunner, padded_size
 from nanoserve.engine.overlap import OverlappedModelRunner
-from nanoserve.model.qwen3_tp import load_tp_model
+from nanoserve.model.loader import load_model
+from nanoserve.model.qwen3_fused import FusedQwen3ForCausalLM
 from nanoserve.model.tp_layers import OneShotTPGroup, TPGroup
 
 ROWS = ("input_ids", "positions", "slot_mapping")  # one entry per token of the step
@@ -179,7 +180,8 @@ def worker_main(rank: int, size: int, conn, port: int, path: str, dtype: torch.d
         conn.send(("hello",))
         store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=120))
         join_group(store, rank, size, device)
-        model = load_tp_model(path, tp_group(rank, size, dtype, device, custom_all_reduce), dtype, device, compiled)
+        group = tp_group(rank, size, dtype, device, custom_all_reduce)
+        model = load_model(path, dtype, device, FusedQwen3ForCausalLM, group=group, compiled=compiled)
         conn.send(("ready",))
         serve(conn, model, device)
     except (EOFError, BrokenPipeError):
@@ -288,7 +290,7 @@ class TPWorkers:
             self.replies("hello")
             join_group(store, 0, size, self.device)
             group = tp_group(0, size, dtype, self.device, custom_all_reduce)
-            self.model = load_tp_model(path, group, dtype, self.device, compiled)
+            self.model = load_model(path, dtype, self.device, FusedQwen3ForCausalLM, group=group, compiled=compiled)
             self.replies("ready")
         except BaseException:
             self.shutdown()
