@@ -11,7 +11,7 @@ from nanoserve.engine.cuda_graphs import graph_sizes, padded_size
 from nanoserve.engine.fused_sampler import FusedSampler
 from nanoserve.engine.sampler import Sampler
 from nanoserve.engine.sampling_params import SamplingParams
-from nanoserve.kernels import fused
+from nanoserve.model import qwen3_fused as fused
 from nanoserve.model.qwen3_fused import FusedQwen3ForCausalLM
 
 
@@ -20,7 +20,7 @@ def exercises(ns):
     return {name: functools.partial(check, ns) for name, check in checks.EXERCISES.items()}
 
 
-ENGINE = {**vars(fused), "FusedQwen3ForCausalLM": FusedQwen3ForCausalLM, **vars(cuda_graphs)}
+ENGINE = {**vars(fused), **vars(cuda_graphs)}
 
 
 @pytest.mark.parametrize("name", list(exercises(ENGINE)))

@@ -1,4 +1,4 @@
-"""Lesson 07: the exercise checks pass on the engine's tensor-parallel layers and loader (2 forked gloo ranks),
+"""Lesson 07: the exercise checks pass on the engine's tensor-parallel layers and shard (2 forked gloo ranks),
 each untouched stub fails its own check, and the check helper reports a failing rank instead of hanging
 (the engine itself, spawned workers and all, is tested in test_tensor_parallel.py)."""
 import functools
@@ -10,7 +10,7 @@ import torch.distributed as dist
 from lesson_source import generated_lesson
 
 from nanoserve.checks import lesson07 as checks
-from nanoserve.model import qwen3_tp, tp_layers
+from nanoserve.model import tp_layers
 
 
 def exercises(ns):
@@ -18,7 +18,7 @@ def exercises(ns):
     return {name: functools.partial(check, ns) for name, check in checks.EXERCISES.items()}
 
 
-ENGINE = {**vars(tp_layers), **vars(qwen3_tp)}
+ENGINE = vars(tp_layers)
 
 
 @pytest.mark.parametrize("name", list(exercises(ENGINE)))

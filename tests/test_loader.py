@@ -19,7 +19,6 @@ from nanoserve.model.config import ModelConfig
 from nanoserve.model.loader import eos_token_ids, load_model, load_tokenizer
 from nanoserve.model.qwen3 import Qwen3ForCausalLM
 from nanoserve.model.qwen3_fused import FusedQwen3ForCausalLM
-from nanoserve.model.qwen3_tp import load_tp_model
 from nanoserve.model.tp_layers import TPGroup
 from nanoserve.model.zoo import resolve_model
 
@@ -458,7 +457,15 @@ def test_a_tensor_parallel_rank_checks_its_share(checkpoint, monkeypatch):
     edit_config(checkpoint, num_hidden_layers=100_000)
     needed = ModelConfig.from_dir(checkpoint).num_parameters() * 2 / 2**30
     with pytest.raises(ValueError, match=f"this model needs {needed / 2:.1f} GiB for its weights in torch.bfloat16"):
-        load_tp_model(checkpoint, TPGroup(0, 2), torch.bfloat16, "cpu")
+        load_model(checkpoint, torch.bfloat16, "cpu", FusedQwen3ForCausalLM, group=TPGroup(0, 2))
+
+
+def test_a_group_of_one_loads_the_whole_model_and_only_the_fused_model_is_cut(checkpoint):
+    whole = load_model(checkpoint, torch.float32, "cpu", FusedQwen3ForCausalLM).state_dict()
+    alone = load_model(checkpoint, torch.float32, "cpu", FusedQwen3ForCausalLM, group=TPGroup()).state_dict()
+    assert whole.keys() == alone.keys() and all(torch.equal(whole[k], alone[k]) for k in whole)
+    with pytest.raises(TypeError, match="cuts lesson 06's FusedQwen3ForCausalLM, not Qwen3ForCausalLM"):
+        load_model(checkpoint, torch.float32, "cpu", group=TPGroup(0, 2))
 
 
 def test_available_memory_is_the_machines():

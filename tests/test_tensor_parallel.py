@@ -21,8 +21,9 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from nanoserve import LLM, SamplingParams
-from nanoserve.model import qwen3_tp
-from nanoserve.model.qwen3_tp import load_tp_model
+from nanoserve.model import loader
+from nanoserve.model.loader import load_model
+from nanoserve.model.qwen3_fused import FusedQwen3ForCausalLM
 from nanoserve.model.tp_layers import TPGroup
 from nanoserve.model.zoo import _write_random_qwen3, tiny_init, tiny_qwen3_config
 
@@ -65,6 +66,11 @@ def models(tmp_path_factory):
             "one kv head, odd vocab": build(root / "kv1", num_key_value_heads=1, vocab_size=5999),
             "llama, untied": build(root / "llama", llama=True, num_attention_heads=8, num_key_value_heads=4,
                                    head_dim=16)}
+
+
+def load_rank(path, rank: int, size: int):
+    """One rank's share of the fused model, as lesson 01's loader reads it for a group (no collectives run)."""
+    return load_model(path, torch.float32, "cpu", FusedQwen3ForCausalLM, group=TPGroup(rank, size))
 
 
 def generate(path, **kw):
@@ -110,11 +116,11 @@ def test_two_tp_engines_one_after_another_with_async_scheduling(models, tp1):
 
 
 class ReadCounter:
-    """Wraps safetensors' slices to count the elements a loader reads."""
+    """Wraps safetensors' files and slices to count the elements a loader reads."""
 
     def __init__(self, monkeypatch):
         self.read = 0
-        real_open = qwen3_tp.open_weights
+        real_open = loader.open_weights
         counter = self
 
         class Slice:
@@ -130,8 +136,8 @@ class ReadCounter:
                 return piece
 
         class File:
-            def __init__(self, file):
-                self.f = real_open(file)
+            def __init__(self, file, device="cpu"):
+                self.f = real_open(file, device)
 
             def __enter__(self):
                 self.f.__enter__()
@@ -140,10 +146,18 @@ class ReadCounter:
             def __exit__(self, *exc):
                 return self.f.__exit__(*exc)
 
+            def keys(self):
+                return self.f.keys()
+
             def get_slice(self, name):
                 return Slice(self.f.get_slice(name))
 
-        monkeypatch.setattr(qwen3_tp, "open_weights", File)
+            def get_tensor(self, name):  # a tensor read whole
+                tensor = self.f.get_tensor(name)
+                counter.read += tensor.numel()
+                return tensor
+
+        monkeypatch.setattr(loader, "open_weights", File)
 
 
 @pytest.mark.parametrize("name, size", [("qwen3", 2), ("qwen3", 4), ("one kv head, odd vocab", 2),
@@ -165,7 +179,7 @@ def test_sliced_loader_reads_each_ranks_slices(models, name, size, monkeypatch):
     pieces: dict[str, list] = {}
     for rank in range(size):
         counter = ReadCounter(monkeypatch)
-        model = load_tp_model(path, TPGroup(rank, size), torch.float32, "cpu")
+        model = load_rank(path, rank, size)
         assert 0 < counter.read <= most
         params = model.checkpoint_tensors()
         for n in full:
@@ -197,14 +211,14 @@ def test_sharded_checkpoint_loads_the_same_slices(models, tmp_path):
     index = json.loads((tmp_path / "model.safetensors.index.json").read_text())
     assert len(set(index["weight_map"].values())) > 2 and not (tmp_path / "model.safetensors").exists()
     for rank in range(2):
-        whole = load_tp_model(models["qwen3"], TPGroup(rank, 2), torch.float32, "cpu").state_dict()
-        sharded = load_tp_model(tmp_path, TPGroup(rank, 2), torch.float32, "cpu").state_dict()
+        whole = load_rank(models["qwen3"], rank, 2).state_dict()
+        sharded = load_rank(tmp_path, rank, 2).state_dict()
         assert whole.keys() == sharded.keys() and all(torch.equal(whole[k], sharded[k]) for k in whole)
 
 
 def test_uneven_splits_fail_clearly(models):
     with pytest.raises(ValueError, match="query heads .* tensor_parallel_size 3"):
-        load_tp_model(models["qwen3"], TPGroup(0, 3), torch.float32, "cpu")
+        load_rank(models["qwen3"], 0, 3)
     with pytest.raises(ValueError, match="fused_ops=True"):
         LLM(str(models["qwen3"]), tensor_parallel_size=2, fused_ops=False)
 

@@ -82,11 +82,12 @@ def run_on_ranks(fn, *args, size: int = 2) -> list:
 
 
 class CountingGroup:
-    """Wraps a TP group to count its collectives (how many all-reduces a forward makes)."""
+    """Wraps a TP group to count its collectives (how many all-reduces a forward makes); `shard`: the cut that
+    the loader's group.shard(model) runs, with this group in the layers."""
 
-    def __init__(self, group):
+    def __init__(self, group, shard=None):
         self.group, self.all_reduces, self.all_gathers = group, 0, 0
-        self.rank, self.size = group.rank, group.size
+        self.rank, self.size, self._shard = group.rank, group.size, shard
 
     def all_reduce(self, x):
         self.all_reduces += 1
@@ -98,6 +99,9 @@ class CountingGroup:
 
     def split(self, n, what):
         return self.group.split(n, what)
+
+    def shard(self, model):
+        return self._shard(model, self)
 
 
 def _row_parallel_on_rank(rank, size, group_cls, row_cls):
@@ -154,19 +158,23 @@ def check_vocab_embedding(group_cls, embedding_cls) -> None:
           "every token's row on both ranks (vocabularies of 12 and 11)")
 
 
-def _tp_logits_on_rank(rank, size, group_cls, load_tp_model, model):
+def _tp_logits_on_rank(rank, size, group_cls, shard, model):
     from nanoserve.cache.no_cache import NoCache
+    from nanoserve.model.loader import load_model
+    from nanoserve.model.qwen3_fused import FusedQwen3ForCausalLM
     from nanoserve.model.zoo import resolve_model
 
-    group = CountingGroup(group_cls(rank, size))
-    tp = load_tp_model(resolve_model(model), group, torch.float32, torch.device("cpu"))
+    group = CountingGroup(group_cls(rank, size), shard)
+    tp = load_model(resolve_model(model), torch.float32, "cpu", FusedQwen3ForCausalLM, group=group)
     ids = torch.arange(12) * 37 % 1000 + 5
     with torch.inference_mode():
         logits = tp.compute_logits(tp(ids, torch.arange(12), NoCache()))
     return logits, group.all_reduces
 
 
-def check_checkpoint_slices(group_cls, load_tp_model, model: str = "tiny-qwen3") -> None:
+def check_checkpoint_slices(group_cls, shard, model: str = "tiny-qwen3") -> None:
+    """shard(model, group): the cut and its slice plan (exercise 7.3's checkpoint_slices inside), loaded by
+    lesson 01's load_model(..., group=...) on 2 ranks."""
     from transformers.utils import logging as transformers_logging
 
     from nanoserve.checks.lesson01 import hf_tiny_model
@@ -188,7 +196,7 @@ def check_checkpoint_slices(group_cls, load_tp_model, model: str = "tiny-qwen3")
             whole = load_model(path, dtype=torch.float32, device="cpu", model_cls=FusedQwen3ForCausalLM)
             want = tiny_qwen3_logits(whole)
             layers = whole.config.num_layers
-            for rank, (logits, reduces) in enumerate(run_on_ranks(_tp_logits_on_rank, group_cls, load_tp_model,
+            for rank, (logits, reduces) in enumerate(run_on_ranks(_tp_logits_on_rank, group_cls, shard,
                                                                   str(path))):
                 if not torch.allclose(logits, want, atol=1e-4, rtol=1e-4):
                     raise AssertionError(
@@ -208,5 +216,5 @@ def check_checkpoint_slices(group_cls, load_tp_model, model: str = "tiny-qwen3")
 EXERCISES = {
     "7.1 RowParallelLinear": lambda ns: check_row_parallel(ns["TPGroup"], ns["RowParallelLinear"]),
     "7.2 VocabParallelEmbedding": lambda ns: check_vocab_embedding(ns["TPGroup"], ns["VocabParallelEmbedding"]),
-    "7.3 checkpoint_slices": lambda ns: check_checkpoint_slices(ns["TPGroup"], ns["load_tp_model"]),
+    "7.3 checkpoint_slices": lambda ns: check_checkpoint_slices(ns["TPGroup"], ns["shard"]),
 }

@@ -55,7 +55,7 @@ import torch.multiprocessing as mp
 
 from nanoserve.cache.paged import PagedKVCache
 from nanoserve.engine.model_runner import ModelRunner
-from nanoserve.model.qwen3_tp import load_tp_model
+from nanoserve.model.loader import load_model
 from nanoserve.model.tp_layers import OneShotTPGroup, TPGroup
 
 # ----------------------------------------------------------------------------
@@ -111,7 +111,8 @@ def worker_main(rank: int, size: int, conn, port: int, path: str, dtype: torch.d
         conn.send(("hello",))
         store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=120))
         join_group(store, rank, size, device)
-        model = load_tp_model(path, tp_group(rank, size, dtype, device, custom_all_reduce), dtype, device, compiled)
+        group = tp_group(rank, size, dtype, device, custom_all_reduce)
+        model = load_model(path, dtype, device, import_part(parts["model"]), group=group, compiled=compiled)
         conn.send(("ready",))
         serve(conn, model, device, parts)
     except (EOFError, BrokenPipeError):
@@ -182,6 +183,8 @@ class TPWorkers:
             raise ValueError(f"tensor_parallel_size {size} needs {size} GPUs; this machine has "
                              f"{torch.cuda.device_count()}")
         self.size, self.device = size, device_of(device.type, 0)
+        self.parts = {"model": "nanoserve.model.qwen3_fused:FusedQwen3ForCausalLM",
+                      "graphs": "nanoserve.engine.cuda_graphs:CUDAGraphs", **(parts or {})}
         self.failures: list[str] = []  # written by the monitor thread
         store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)  # port 0: any free port
         ctx = mp.get_context("spawn")  # a process that uses CUDA cannot be forked
@@ -190,7 +193,7 @@ class TPWorkers:
             ours, theirs = ctx.Pipe()
             proc = ctx.Process(target=worker_main, name=f"nanoserve-tp-rank{rank}", daemon=True,
                                args=(rank, size, theirs, store.port, str(path), dtype, device.type, compiled,
-                                     custom_all_reduce, parts or {"graphs": "nanoserve.engine.cuda_graphs:CUDAGraphs"}))
+                                     custom_all_reduce, self.parts))
             proc.start()
             theirs.close()  # the worker's end lives in the worker only: its exit closes the pipe
             self.procs.append(proc)
@@ -206,7 +209,8 @@ class TPWorkers:
             self.replies("hello")
             join_group(store, 0, size, self.device)
             group = tp_group(0, size, dtype, self.device, custom_all_reduce)
-            self.model = load_tp_model(path, group, dtype, self.device, compiled)
+            self.model = load_model(path, dtype, self.device, import_part(self.parts["model"]), group=group,
+                                    compiled=compiled)
             self.replies("ready")
         except BaseException:
             self.shutdown()

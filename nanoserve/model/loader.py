@@ -108,19 +108,27 @@ def files_to_read(path: Path, names, tied: bool) -> dict[Path, list[str]]:
     return by_file
 
 
-def load_model(path, dtype: torch.dtype | None = None, device=None, model_cls=Qwen3ForCausalLM,
+def load_model(path, dtype: torch.dtype | None = None, device=None, model_cls=Qwen3ForCausalLM, *, group=None,
                **model_args) -> Qwen3ForCausalLM:
-    """The model (model_cls: lesson 06 passes its fused model) with the checkpoint's weights, in eval mode."""
+    """The model (model_cls: lesson 06 passes its fused model) with the checkpoint's weights, in eval mode.
+
+    group (lesson 07's TPGroup; None: the whole model): `group.shard(model)` cuts the model, still on the meta
+    device, to this rank's share and returns its slice plan, checkpoint name -> (the dimension it is cut along,
+    the first index this rank reads); a name it leaves out is read whole. A cut tensor is read slice by slice
+    (safetensors' get_slice reads only those rows or columns), so no rank reads the whole model."""
     path = Path(path)
     if not path.is_dir():
         raise FileNotFoundError(f"{path}: model directory does not exist")
     config = ModelConfig.from_dir(path)
     device = torch.device(device) if device is not None else default_device()
     dtype = dtype or default_dtype(device)
-    check_memory(config, dtype, device, path / "config.json")  # 100,000 layers fail here, not in a minute
+    share = group.size if group is not None else 1  # a rank of a group holds about 1/size of the weights
+    check_memory(config, dtype, device, path / "config.json", share)  # 100,000 layers fail here, not in a minute
 
     with torch.device("meta"):  # shapes only: no memory, no random init to throw away
         model = model_cls(config, **model_args)
+        shapes = {name: tuple(t.shape) for name, t in model.checkpoint_tensors().items()}  # what the config says
+        plan = group.shard(model) if group is not None else {}
     model = model.to(dtype).to_empty(device=device)
     if config.tie_word_embeddings:  # to_empty breaks the sharing; tie the head again
         model.lm_head.weight = model.model.embed_tokens.weight
@@ -133,15 +141,20 @@ def load_model(path, dtype: torch.dtype | None = None, device=None, model_cls=Qw
         for file, names in by_file.items():
             with open_weights(file, device) as f:
                 for name in names:
-                    tensor = f.get_tensor(name)
-                    param = params[name]
+                    source, param = f.get_slice(name), params[name]  # a slice reads nothing until indexed
+                    if tuple(source.get_shape()) != shapes[name]:
+                        raise ValueError(f"{file}: tensor {name} has shape {tuple(source.get_shape())}, "
+                                         f"the config says {shapes[name]}")
+                    dim, start = plan.get(name, (None, 0))
+                    if dim is None:
+                        tensor = f.get_tensor(name)
+                    else:  # this rank's rows (dim 0) or columns (1); the last vocabulary slice may be short
+                        stop = min(start + param.shape[dim], shapes[name][dim])
+                        tensor = source[start:stop] if dim == 0 else source[:, start:stop]
+                        param.narrow(dim, stop - start, param.shape[dim] - (stop - start)).zero_()  # padding
+                        param = param.narrow(dim, 0, stop - start)
                     if not tensor.is_floating_point():  # copy_ would quietly turn ints into weights
                         raise ValueError(f"{file}: tensor {name} is {tensor.dtype}, not floating point")
-                    if tensor.shape != param.shape:
-                        raise ValueError(
-                            f"{file}: tensor {name} has shape {tuple(tensor.shape)}, "
-                            f"the config says {tuple(param.shape)}"
-                        )
                     param.copy_(tensor)  # casts to the model's dtype one tensor at a time
                     bar.update()
     bar.close()
