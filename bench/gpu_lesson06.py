@@ -61,7 +61,7 @@ def fp32_equality(result):
             tokens, lp = run(llm, prompts, params)
             out[name] = {"equal_requests": sum(a == b for a, b in zip(tokens, ref_tokens)), "of": len(prompts),
                          "max_logprob_diff": max_logprob_diff(lp, ref_lp),
-                         "graph_sizes": getattr(llm.engine.runner, "sizes", [])}
+                         "graph_sizes": llm.engine.runner.graphs.sizes if llm.engine.runner.graphs else []}
     small = dict(base, num_gpu_blocks_override=40, max_num_seqs=12, max_num_batched_tokens=64)
     with LLM(MODEL, **small, **SWITCHES["graphs + fused + async"]) as llm:
         tokens, _ = run(llm, prompts, params)
@@ -112,7 +112,7 @@ def capture_cost(result):
         start = time.perf_counter()
         runner = llm.engine.runner
         seconds = time.perf_counter() - start
-        out[max_num_seqs] = {"graphs": len(runner.graphs), "engine_build_s": seconds,
+        out[max_num_seqs] = {"graphs": len(runner.graphs.graphs), "engine_build_s": seconds,
                              "extra_reserved_MiB": (torch.cuda.memory_reserved() - eager_reserved) / 2**20}
         llm.shutdown()
     print(json.dumps(out), flush=True)
@@ -182,8 +182,8 @@ def kernel_breakdown(result):
                 runner = engine.runner
                 runner.builder.d["slot_mapping"].fill_(-1)  # replays below write no K/V
                 replay = {}
-                for size in runner.sizes[:6]:
-                    graph = runner.graphs[size][0]
+                for size in runner.graphs.sizes[:6]:
+                    graph = runner.graphs.graphs[size][0]
                     torch.cuda.synchronize()
                     start = time.perf_counter()
                     for _ in range(100):
