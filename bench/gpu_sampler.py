@@ -56,7 +56,10 @@ def uniforms(rounds):
     return {"draws": rounds * 512 * V, "max_u": worst_u, "min_E_eager": worst_e, "min_E_compiled": worst_e_compiled}
 
 
-def properties(name, sampler, rounds, gen):
+def properties(name, draw, rounds, gen):
+    def sampler(*args):  # the samplers return a device tensor
+        return draw(*args).tolist()
+
     top1_bad = nucleus_bad = mates_bad = rows = 0
     for r in range(rounds):
         for shape in ("flat", "normal", "sharp", "peaked", "ties"):
@@ -97,8 +100,9 @@ def through_llm():
         def run(ps, params):
             return [o.outputs[0].token_ids for o in llm.generate(ps, params, use_tqdm=False)]
         greedy = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
-        out["runner"] = type(llm.engine.runner).__name__
-        out["engine"] = type(llm.engine).__name__
+        runner = llm.engine.runner
+        out["runner"] = f"ModelRunner, graphs {runner.graphs is not None}, {type(runner.sampler).__name__}"
+        out["engine"] = f"LLMEngine, async scheduling {llm.engine.async_scheduling}"
         ref = run(prompts, greedy)
         out["top_k_1_equals_greedy"] = sum(
             run(prompts, SamplingParams(temperature=1.0, top_k=1, seed=s, max_tokens=32, ignore_eos=True)) == ref
