@@ -11,10 +11,10 @@ import time
 import torch
 import transformers
 
-from nanoserve.cache.no_cache import NoCache
-from nanoserve.engine.generate import generate
+from nanoserve.course.no_cache import NoCache
+from nanoserve.course.generate import generate
 from nanoserve.model.loader import load_model
-from nanoserve.engine.naive import naive_generate
+from nanoserve.course.naive import naive_generate
 from nanoserve.cache.paged import PagedKVCache
 from nanoserve.engine.sampling_params import SamplingParams
 from nanoserve.model.zoo import resolve_model

@@ -6,7 +6,7 @@ kernels add up in another order. In fp32 they must agree token for token.)
 """
 import torch
 
-from nanoserve.engine.generate import generate
+from nanoserve.course.generate import generate
 from nanoserve.model.loader import load_model
 from nanoserve.cache.paged import PagedKVCache
 from nanoserve.engine.sampling_params import SamplingParams

@@ -181,7 +181,7 @@ def test_logprobs_are_the_models_raw_log_probabilities(model_dir):
     assert all(list(lp) == [t] for t, lp in zip(hot.token_ids, hot.logprobs))  # logprobs=0: the token's own
     exact = llm.generate([PROMPT[:20]], SamplingParams(temperature=0, max_tokens=1), use_tqdm=False)[0]
     with torch.inference_mode():  # the values are the model's own log-softmax at the prompt's last position
-        from nanoserve.cache.no_cache import NoCache
+        from nanoserve.course.no_cache import NoCache
         ids = torch.tensor(PROMPT[:20])
         want = llm.model.compute_logits(llm.model(ids, torch.arange(20), NoCache())[-1:]).log_softmax(-1)[0]
     assert abs(c.logprobs[0][c.token_ids[0]] - want[c.token_ids[0]].item()) < 1e-4 and exact.outputs[0].token_ids

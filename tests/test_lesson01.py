@@ -5,8 +5,8 @@ import pytest
 from lesson_source import generated_lesson
 import torch
 
-from nanoserve.cache import no_cache
-from nanoserve.engine import naive
+from nanoserve.course import no_cache
+from nanoserve.course import naive
 from nanoserve.kernels import attention
 from nanoserve.model import qwen3 as model
 from nanoserve.checks import lesson01 as checks

@@ -8,11 +8,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from transformers import AutoTokenizer
 
-from nanoserve.engine import generate as generate_module
+from nanoserve.course import generate as generate_module
 from nanoserve.kernels import contiguous as kv_kernels
 from nanoserve.checks import lesson02 as checks
 from nanoserve.engine.detokenizer import Detokenizer
-from nanoserve.engine.generate import generate
+from nanoserve.course.generate import generate
 from nanoserve.model.loader import load_model
 from nanoserve.engine.sampler import sample
 from nanoserve.engine.sampling_params import SamplingParams

@@ -12,7 +12,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from nanoserve.cache.no_cache import NoCache
+from nanoserve.course.no_cache import NoCache
 from nanoserve.checks.lesson01 import TINY_CONFIGS, hf_tiny_model
 from nanoserve.model import loader
 from nanoserve.model.config import ModelConfig

@@ -3,7 +3,7 @@ import torch
 import transformers
 from torch.nn import functional as F
 
-from nanoserve.cache.no_cache import NoCache
+from nanoserve.course.no_cache import NoCache
 from nanoserve.model.config import ModelConfig
 from nanoserve.model.zoo import tiny_init
 

@@ -41,7 +41,7 @@ def check_decode_attention(decode_attention) -> None:
 
 def check_generate(generate) -> None:
     from nanoserve.model.qwen3 import Qwen3ForCausalLM
-    from nanoserve.engine.naive import naive_generate
+    from nanoserve.course.naive import naive_generate
     from nanoserve.engine.sampling_params import SamplingParams
 
     prompts = [[5, 9, 2], [7], [11, 3, 8, 8, 1, 40, 2, 9], [4, 4], [100, 200, 300, 17, 9]]

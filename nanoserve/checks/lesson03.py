@@ -121,7 +121,7 @@ def check_gather_kv(gather_kv) -> None:
 
 
 def check_paged_generate(cache_cls) -> None:
-    from nanoserve.engine.generate import generate
+    from nanoserve.course.generate import generate
     from nanoserve.model.qwen3 import Qwen3ForCausalLM
     from nanoserve.engine.sampling_params import SamplingParams
 

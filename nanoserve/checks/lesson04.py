@@ -137,7 +137,7 @@ def check_prefix_manager(manager_cls) -> None:
 
 
 def check_prefix_generate(cache_cls) -> None:
-    from nanoserve.engine.generate import generate
+    from nanoserve.course.generate import generate
     from nanoserve.model.qwen3 import Qwen3ForCausalLM
     from nanoserve.cache.paged import PagedKVCache
     from nanoserve.engine.sampling_params import SamplingParams

@@ -30,7 +30,7 @@ def check_add_rms_norm(add_rms_norm) -> None:
 
 def tiny_qwen3_logits(model, prompt_len: int = 12) -> torch.Tensor:
     """Logits of a prompt through a model with lesson 01's NoCache backend."""
-    from nanoserve.cache.no_cache import NoCache
+    from nanoserve.course.no_cache import NoCache
 
     ids = torch.arange(prompt_len) * 37 % 1000 + 5
     with torch.inference_mode():

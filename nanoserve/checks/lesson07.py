@@ -159,7 +159,7 @@ def check_vocab_embedding(group_cls, embedding_cls) -> None:
 
 
 def _tp_logits_on_rank(rank, size, group_cls, shard, model):
-    from nanoserve.cache.no_cache import NoCache
+    from nanoserve.course.no_cache import NoCache
     from nanoserve.model.loader import load_model
     from nanoserve.model.qwen3_fused import FusedQwen3ForCausalLM
     from nanoserve.model.zoo import resolve_model

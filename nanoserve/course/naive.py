@@ -4,7 +4,7 @@
 """Generation without a KV cache: every step re-runs the model over the whole sequence."""
 import torch
 
-from nanoserve.cache.no_cache import NoCache
+from nanoserve.course.no_cache import NoCache
 
 
 @torch.inference_mode()

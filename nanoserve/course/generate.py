@@ -4,9 +4,9 @@
 """Static-batch generation over any KV cache: one prefill, then one decode step per token."""
 import torch
 
-from nanoserve.cache.contiguous import ContiguousKVCache
 from nanoserve.cache.metadata import StepMetadata, StepMetadataBuilder
 from nanoserve.cache.protocol import KVCache
+from nanoserve.course.contiguous import ContiguousKVCache
 from nanoserve.engine.request import Request
 from nanoserve.engine.sampler import Sampler
 from nanoserve.engine.sampling_params import SamplingParams

@@ -1,0 +1,3 @@
+"""The course's own code, off the engine's path: lesson 01's loop without a cache and its backend (no_cache,
+naive), lesson 02's contiguous cache and static-batch loop (contiguous, generate). The lessons and the
+checks use them as references and oracles; the engine never imports them."""
