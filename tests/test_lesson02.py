@@ -1,45 +1,17 @@
-"""Lesson 02: the KV cache (checks on the engine; stubs fail), the sampler, SamplingParams, stop strings."""
-import functools
+"""Lesson 02: the KV cache (its exercise checks: test_exercises.py), the sampler, SamplingParams, stop strings."""
 
 import pytest
-from lesson_source import generated_lesson
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from transformers import AutoTokenizer
 
-from nanoserve.course import generate as generate_module
-from nanoserve.kernels import contiguous as kv_kernels
-from nanoserve.checks import lesson02 as checks
 from nanoserve.engine.detokenizer import Detokenizer
 from nanoserve.course.generate import generate
 from nanoserve.model.loader import load_model
 from nanoserve.engine.sampler import sample
 from nanoserve.engine.sampling_params import SamplingParams
 from nanoserve.model.zoo import resolve_model
-
-
-
-def exercises(ns):
-    """Name -> the check run on ns's implementation (the table: checks.EXERCISES, shared with `make check`)."""
-    return {name: functools.partial(check, ns) for name, check in checks.EXERCISES.items()}
-
-
-@pytest.mark.parametrize("name", list(exercises({})))
-def test_engine_passes_check(name):
-    exercises({**vars(kv_kernels), **vars(generate_module)})[name]()
-
-
-@pytest.mark.parametrize("name", list(exercises({})))
-def test_untouched_stub_fails_its_check(name):
-    nb = generated_lesson("02_kv_cache")
-    ns = {"__name__": "lesson02"}
-    for cell in nb["cells"]:
-        source = "".join(cell["source"])
-        if cell["cell_type"] == "code" and source.startswith("#| export"):  # the lesson's modules, in order
-            exec(compile(source, "lesson02", "exec"), ns)
-    with pytest.raises(NotImplementedError, match=f"Exercise {name.split()[0]}"):
-        exercises(ns)[name]()
 
 
 # --- the sampler -------------------------------------------------------------------------------------

@@ -1,5 +1,4 @@
-"""Lesson 03: paging. Checks on the engine, stubs that fail, and randomized invariants of the pool."""
-import functools
+"""Lesson 03: paging. The Triton stub, and randomized invariants of the pool."""
 import json
 import os
 from pathlib import Path
@@ -11,7 +10,6 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from nanoserve.cache import block_manager
 from nanoserve.cache import paged as paged_cache
 from nanoserve.kernels import paged as paged_attention
 from nanoserve.cache.block_manager import BlockManager, OutOfBlocks
@@ -22,42 +20,8 @@ from nanoserve.cache.paged import PagedKVCache
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def exercises(ns):
-    """Name -> the check run on ns's implementation (the table: checks.EXERCISES). 3.4, the Triton kernel, is
-    tested in test_triton_attention.py and below: on a CPU it needs the interpreter, set before triton loads."""
-    return {name: functools.partial(check, ns) for name, check in checks.EXERCISES.items() if not name.startswith("3.4")}
-
-
-ENGINE = {**vars(block_manager), **vars(paged_attention)}
-
-
-@pytest.mark.parametrize("name", list(exercises(ENGINE)))
-def test_engine_passes_check(name):
-    exercises(ENGINE)[name]()
-
-
 def test_paged_generate_equals_contiguous():
     checks.check_paged_generate(paged_cache.PagedKVCache)
-
-
-def lesson_namespace():
-    nb = generated_lesson("03_paged_attention")
-    ns = {"__name__": "lesson03"}
-    for cell in nb["cells"]:
-        source = "".join(cell["source"])
-        # The exercise modules only: later cells import the engine's BlockManager over the learner's.
-        if cell["cell_type"] == "code" and source.split("\n")[0] in ("#| export", "#| export kernels.paged"):
-            exec(compile(source, "lesson03", "exec"), ns)
-    return ns
-
-
-@pytest.mark.parametrize("name", list(exercises(ENGINE)))
-def test_untouched_stub_fails_its_check(name):
-    ns = lesson_namespace()
-    if name.startswith("3.2"):  # isolate the slot stub: allocate/append (3.1) solved, slot untouched
-        ns["BlockManager"] = type("Hybrid", (BlockManager,), {"slot": ns["BlockManager"].slot})
-    with pytest.raises(NotImplementedError, match=f"Exercise {name.split()[0]}"):
-        exercises(ns)[name]()
 
 
 class PoolMachine(RuleBasedStateMachine):

@@ -1,47 +1,16 @@
-"""Lesson 05: the scheduler and the engine. Checks on the engine, stubs that fail, a stress test, the API."""
-import functools
+"""Lesson 05: the scheduler and the engine. A stress test and the API (exercise checks: test_exercises.py)."""
 import random
 
 import pytest
-from lesson_source import generated_lesson
 
-from nanoserve.engine import llm_engine as engine_module
-from nanoserve.engine import model_runner, scheduler
 from nanoserve.checks import lesson05 as checks
 from nanoserve.engine.llm import LLM
 from nanoserve.engine.llm_engine import LLMEngine
 from nanoserve.engine.sampling_params import SamplingParams
 
-ENGINE = {**vars(scheduler), **vars(model_runner), **vars(engine_module)}
-
-
-def exercises(ns):
-    """Name -> the check run on ns's implementation (the table: checks.EXERCISES, shared with `make check`)."""
-    return {name: functools.partial(check, ns) for name, check in checks.EXERCISES.items()}
-
-
-@pytest.mark.parametrize("name", list(exercises(ENGINE)))
-def test_engine_passes_check(name):
-    exercises(ENGINE)[name]()
-
 
 def test_batch_invariance_with_preemption_chunking_and_prefix_caching():
     checks.check_batch_invariance(LLMEngine)
-
-
-@pytest.mark.parametrize("name", list(exercises(ENGINE)))
-def test_untouched_stub_fails_its_check(name):
-    ns = {"__name__": "lesson05"}
-    for cell in generated_lesson("05_scheduler")["cells"]:
-        source = "".join(cell["source"])
-        if cell["cell_type"] == "code" and source.split("\n")[0] in ("#| export", "#| export engine.scheduler",
-                                                                   "#| export engine.model_runner"):
-            exec(compile(source, "lesson05", "exec"), ns)
-    number = name.split()[0]
-    if number == "5.2":  # isolate the preempt stub: admission (5.1) solved
-        ns["Scheduler"] = type("Hybrid", (scheduler.Scheduler,), {"preempt": ns["Scheduler"].preempt})
-    with pytest.raises(NotImplementedError, match=f"Exercise {number}"):
-        exercises(ns)[name]()
 
 
 @pytest.fixture(scope="module")

@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
+from nanoserve.engine.llm_engine import LLMEngine
 from nanoserve.engine.model_runner import ModelRunner
 from nanoserve.engine.sampling_params import SamplingParams
 from nanoserve.engine.sequence import Sequence, SequenceStatus
@@ -152,14 +153,16 @@ class EngineParts:
     defined in a notebook cannot reach them, and LLM says so."""
     paged_cache: type | str = "nanoserve.cache.paged:PagedKVCache"  # lesson 03
     prefix_cache: type | str = "nanoserve.cache.prefix:PrefixCachingKVCache"  # lesson 04
-    engine: type | str = "nanoserve.engine.llm_engine:LLMEngine"  # lesson 05
+    engine: type | str | None = None  # lesson 05 (None: the LLMEngine that LLM's own module knows)
     model: type | str = "nanoserve.model.qwen3_fused:FusedQwen3ForCausalLM"  # lesson 06 (fused_ops=True)
     sampler: type | str = "nanoserve.engine.fused_sampler:FusedSampler"  # lesson 06
     graphs: type | str = "nanoserve.engine.cuda_graphs:CUDAGraphs"  # lesson 06
     tp_workers: type | str = "nanoserve.engine.tp_workers:TPWorkers"  # lesson 07
 
-    def get(self, name: str) -> type:
+    def get(self, name: str, default: type | None = None) -> type:
         part = getattr(self, name)
+        if part is None:
+            return default
         if not isinstance(part, str):
             return part
         module, _, attr = part.partition(":")
@@ -296,7 +299,7 @@ class LLM:
                 raise ValueError("no memory left for the KV cache: lower max_model_len or raise gpu_memory_utilization")
             cache_cls = args.parts.get("prefix_cache" if args.enable_prefix_caching else "paged_cache")
             cache = cache_cls(self.model.config, num_blocks, args.block_size, weights.dtype, weights.device)
-            self._engine = args.parts.get("engine")(
+            self._engine = args.parts.get("engine", LLMEngine)(
                 self.model, cache, self.tokenizer, self.eos_token_ids, max_num_seqs=args.max_num_seqs,
                 max_num_batched_tokens=args.max_num_batched_tokens, enable_chunked_prefill=args.enable_chunked_prefill,
                 max_model_len=self.max_model_len, seed=args.seed, record_steps=args.record_steps,
