@@ -462,8 +462,12 @@ class LLM:
         for out in outputs:
             if out.error:
                 yield StreamItem(out.request_id, out.error, None, True)
-        for seq, token, text, finished in self._run(seqs):
-            yield StreamItem(seqs[seq.seq_id][0], text, token, finished, seq.index)
+        run = self._run(seqs)
+        try:
+            for seq, token, text, finished in run:
+                yield StreamItem(seqs[seq.seq_id][0], text, token, finished, seq.index)
+        finally:  # a caller that stops reading: the requests end now, not whenever Python collects `run`
+            run.close()
 
     def _collect(self, encoded, sampling_params, use_tqdm: bool) -> list[RequestOutput]:
         outputs, seqs = self._submit(encoded, sampling_params)
@@ -471,9 +475,9 @@ class LLM:
         for i, seq in seqs.values():
             groups.setdefault(i, []).append(seq)
         bar = tqdm(total=len(groups), desc="generating", unit="req", disable=not use_tqdm)
-        start, generated = time.perf_counter(), 0
+        start, generated, run = time.perf_counter(), 0, self._run(seqs)
         try:
-            for seq, token, _, finished in self._run(seqs):
+            for seq, token, _, finished in run:
                 generated += token is not None
                 i = seqs[seq.seq_id][0]
                 if finished and all(s.status is SequenceStatus.FINISHED for s in groups[i]):
@@ -481,5 +485,6 @@ class LLM:
                     bar.update()
                 bar.set_postfix_str(f"{generated / (time.perf_counter() - start):.0f} tok/s", refresh=False)
         finally:
+            run.close()
             bar.close()
         return outputs
