@@ -234,6 +234,8 @@ class EngineArgs:
             raise ValueError(f"cpu_kv_cache_gib must be a number > 0, got {self.cpu_kv_cache_gib!r}")
         if self.tensor_parallel_size > 1 and not self.fused_ops:
             raise ValueError("tensor parallelism (lesson 07) cuts lesson 06's fused model: leave fused_ops=True")
+        if isinstance(self.parts, dict):  # dataclasses.asdict(engine_args) turns it into one
+            self.parts = EngineParts(**self.parts)
         if not isinstance(self.parts, EngineParts):
             raise ValueError(f"parts must be an EngineParts, got {type(self.parts).__name__}")
 
