@@ -145,6 +145,12 @@ def complete_output(out: RequestOutput, seqs: list[Sequence]) -> None:
     out.finished = True
 
 
+def import_part(path: str) -> type:
+    """The class at an import path, "package.module:Class"."""
+    module, _, name = path.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
 @dataclass
 class EngineParts:
     """The classes LLM assembles, each given as the class itself or as its import path, "module:Class". A
@@ -165,9 +171,8 @@ class EngineParts:
             return default
         if not isinstance(part, str):
             return part
-        module, _, attr = part.partition(":")
         try:
-            return getattr(importlib.import_module(module), attr)
+            return import_part(part)
         except (ImportError, AttributeError, ValueError) as e:
             raise ValueError(f"EngineParts.{name}: cannot import {part!r} ({type(e).__name__}: {e})") from None
 

@@ -39,7 +39,6 @@ its parts (the model, the graphs) from their import paths (lesson 05's EnginePar
 notebook cannot reach it.
 """
 import gc
-import importlib
 import multiprocessing.connection
 import os
 import signal
@@ -54,6 +53,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from nanoserve.cache.paged import PagedKVCache
+from nanoserve.engine.llm import import_part
 from nanoserve.engine.model_runner import ModelRunner
 from nanoserve.model.loader import load_model
 from nanoserve.model.tp_layers import OneShotTPGroup, TPGroup
@@ -122,11 +122,6 @@ def worker_main(rank: int, size: int, conn, port: int, path: str, dtype: torch.d
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
-
-
-def import_part(path: str):
-    module, _, name = path.partition(":")
-    return getattr(importlib.import_module(module), name)
 
 
 def serve(conn, model, device: torch.device, parts: dict) -> None:
