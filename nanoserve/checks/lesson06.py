@@ -95,7 +95,7 @@ class CPUGraph:
 
 def cpu_capture(forward, pool):
     graph = CPUGraph(forward, pool)
-    cpu_capture.pools.append(pool)
+    cpu_capture.calls.append((graph.output.shape[0], pool, graph))
     return graph, graph.output
 
 
@@ -125,7 +125,7 @@ def check_graphs(graphs_cls) -> None:
     for async_scheduling in (False, True):
         cache = PagedKVCache(model.config, num_blocks=64, block_size=4)
         graphs = graphs_cls(8)
-        graphs.capture, cpu_capture.pools = cpu_capture, []  # the CPU stand-in
+        graphs.capture, cpu_capture.calls = cpu_capture, []  # the CPU stand-in
         runner = ModelRunner(model, cache, args["max_num_seqs"], args["max_num_batched_tokens"], args["max_model_len"],
                              graphs=graphs)
         before = cache.k_cache.clone()
@@ -134,9 +134,14 @@ def check_graphs(graphs_cls) -> None:
             raise AssertionError(f"recorded sizes {sorted(graphs.graphs)}, want one graph per size {graphs.sizes}")
         if not torch.equal(cache.k_cache, before):
             raise AssertionError("recording wrote K/V into the pool: record with every row padding (slot -1)")
-        if cpu_capture.pools[0] is not None or len({str(p) for p in cpu_capture.pools[1:]}) != 1:
-            raise AssertionError(f"memory pools passed to capture: {cpu_capture.pools}; the first (largest) graph "
-                                 f"gets None, every later one the first graph's pool()")
+        rows = [n for n, _, _ in cpu_capture.calls]
+        if rows != sorted(rows, reverse=True):
+            raise AssertionError(f"graphs recorded for {rows} rows, in this order: record the largest first, so "
+                                 f"that the smaller ones fit in its memory pool")
+        first = cpu_capture.calls[0][2]
+        if cpu_capture.calls[0][1] is not None or any(p != first.pool() for _, p, _ in cpu_capture.calls[1:]):
+            raise AssertionError(f"memory pools passed to capture: {[p for _, p, _ in cpu_capture.calls]}; the first "
+                                 f"(largest) graph gets None, every later one the first graph's pool()")
         got = _engine_outputs(LLMEngine(model, cache, **args, runner=runner, async_scheduling=async_scheduling),
                               requests)
         replays = {size: graph.replays for size, (graph, _) in graphs.graphs.items()}
