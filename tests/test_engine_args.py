@@ -51,3 +51,11 @@ def test_parts_by_class_or_path_and_what_a_spawned_worker_cannot_import():
         parts.path("model")
     with pytest.raises(ValueError, match="EngineParts.sampler: cannot import 'nowhere:Sampler'"):
         EngineParts(sampler="nowhere:Sampler").get("sampler")
+
+
+def test_engine_args_and_settings_together_are_refused():
+    args = EngineArgs("tiny-qwen3", device="cpu")
+    with pytest.raises(TypeError, match="engine_args alone"):
+        LLM("tiny-qwen3", engine_args=args)
+    with pytest.raises(TypeError, match="engine_args alone"):
+        LLM(engine_args=args, max_num_seqs=4)

@@ -253,7 +253,10 @@ class LLM:
     them (route_step), so streams and generate calls may be interleaved."""
 
     def __init__(self, model: str | None = None, **settings):
-        self.args = args = settings.pop("engine_args", None) or EngineArgs(model, **settings)
+        args = settings.pop("engine_args", None)
+        if args is not None and (model is not None or settings):
+            raise TypeError("LLM: give engine_args alone (LLM.from_engine_args), or a model and its settings")
+        self.args = args = args if args is not None else EngineArgs(model, **settings)
         from nanoserve.model.loader import eos_token_ids, load_model, load_tokenizer
         from nanoserve.model.zoo import resolve_model
 
