@@ -3,6 +3,7 @@ tokens and text each request must get), the block pool's free count (an abort gi
 the Server-Sent Events format as a client parses it."""
 import asyncio
 import json
+import logging
 import threading
 
 from nanoserve.serve.metrics import ServerMetrics
@@ -10,8 +11,13 @@ from nanoserve.serve.metrics import ServerMetrics
 MODEL = "tiny-qwen3"
 
 
-def _run(main):
-    """asyncio.run(main()) in a thread of its own: Jupyter's kernel already runs an event loop in this one."""
+ENGINES: list = []  # the engines a check's event loop made: stopped from outside if that loop hangs
+
+
+def _run(main, seconds: float = 60):
+    """asyncio.run(main()) in a thread of its own: Jupyter's kernel already runs an event loop in this one.
+    A step loop that never awaits (it spins) blocks that event loop, and no timeout inside it can fire:
+    after `seconds` the engines are told to stop from here, and the check fails."""
     result = {}
 
     def target():
@@ -20,9 +26,17 @@ def _run(main):
         except BaseException as e:  # noqa: BLE001 -- handed to the caller's thread below
             result["error"] = e
 
-    thread = threading.Thread(target=target)
+    ENGINES.clear()
+    thread = threading.Thread(target=target, daemon=True)
     thread.start()
-    thread.join()
+    thread.join(seconds)
+    if thread.is_alive():
+        for engine in ENGINES:
+            engine.stopping = True  # a spinning `while not self.stopping` loop ends
+        thread.join(10)
+        raise AssertionError(f"the check's event loop was still busy after {seconds:.0f} s: does the step loop "
+                             f"await something on every turn? (Event.wait() on an event that is already set "
+                             f"returns without ever giving the event loop a turn)")
     if "error" in result:
         raise result["error"]
     return result["value"]
@@ -58,7 +72,18 @@ async def _collect(stream, n: int, stop_after: int | None = None) -> list[list]:
     return got
 
 
-def check_deliver(engine_cls) -> None:
+def _bounded(awaitable, what: str, seconds: float = 60):
+    """Wait at most `seconds`: a step loop that never delivers must fail the check, not hang it."""
+    async def bounded():
+        try:
+            return await asyncio.wait_for(awaitable, seconds)
+        except asyncio.TimeoutError:
+            raise AssertionError(f"{what} did not come within {seconds:.0f} s: does the step loop admit new "
+                                 f"requests (self._admit) and hand out each step's outputs (self.router)?") from None
+    return bounded()
+
+
+def check_step_loop(engine_cls) -> None:
     from nanoserve import SamplingParams
 
     requests = [([11, 12, 13, 14], SamplingParams(temperature=0, max_tokens=6, ignore_eos=True), True),
@@ -67,71 +92,125 @@ def check_deliver(engine_cls) -> None:
                 ([40, 41, 42], SamplingParams(temperature=0, max_tokens=12, ignore_eos=True), True),
                 # 40 tokens in chunks of at most 16: steps that compute it return (seq, None), no token yet
                 ([3] * 40, SamplingParams(temperature=0, max_tokens=4, logprobs=2, ignore_eos=True), False)]
+    late = ([21, 22, 23], SamplingParams(temperature=0, max_tokens=5, ignore_eos=True))
     with _small_llm(max_num_batched_tokens=16, enable_prefix_caching=False) as llm:  # chunks in both runs
-        outs = llm.generate([p for p, _, _ in requests], [s for _, s, _ in requests], use_tqdm=False)
-
+        outs = llm.generate([p for p, _, _ in requests] + [late[0]], [s for _, s, _ in requests] + [late[1]],
+                            use_tqdm=False)
         metrics = ServerMetrics("check")
+        engine_step, threads = llm.engine.step, set()
+
+        def step():  # the engine's step, noting which thread runs it
+            threads.add(threading.get_ident())
+            return engine_step()
 
         async def main():
+            llm.engine.step = step
             engine = engine_cls(llm, metrics=metrics)
+            ENGINES.append(engine)
+            loop_thread = threading.get_ident()
             try:
-                streams = [await engine.add_request(p, s, text) for p, s, text in requests]
-                got = await asyncio.gather(*(_collect(st, s.n) for st, (_, s, _) in zip(streams, requests)))
-                return engine, got, len(engine.requests), len(engine.by_seq)
+                streams = [await _bounded(engine.add_request(p, s, text), "an added request")
+                           for p, s, text in requests]
+                got = await _bounded(asyncio.gather(*(_collect(st, s.n) for st, (_, s, _) in zip(streams, requests))),
+                                     "every request's tokens")
+                left, mapped = len(engine.requests), len(engine.router.owners)
+                # idle: the loop sleeps until something comes (it does not spin, asking the engine again and again)
+                asks, has_unfinished = [0], llm.engine.has_unfinished
+                llm.engine.has_unfinished = lambda: asks.__setitem__(0, asks[0] + 1) or has_unfinished()
+                await asyncio.sleep(0.3)
+                llm.engine.has_unfinished = has_unfinished
+                # a step that raises fails the request in it; the loop goes on, and the next request is served
+                runner, collect = llm.engine.runner, llm.engine.runner.collect
+
+                def failing_collect(*args):
+                    runner.collect = collect  # once
+                    raise RuntimeError("injected by the check")
+                runner.collect = failing_collect
+                doomed = await _bounded(engine.add_request([9, 9, 9], late[1]), "an added request")
+                try:
+                    await _bounded(_collect(doomed, 1), "the failed request's end")
+                    doomed_error = None
+                except Exception as e:  # noqa: BLE001 -- what the failed request ended with
+                    doomed_error = e
+                runner.collect = collect
+                after = await _bounded(engine.add_request(*late), "a request after the failed step")
+                after_got = await _bounded(_collect(after, 1), "the tokens of a request after the failed step")
+                # stopping with a request in flight: it ends (with an error), it is not left waiting
+                last = await _bounded(engine.add_request([6, 6], SamplingParams(max_tokens=400, ignore_eos=True)),
+                                      "an added request")
+                engine.stop()
+                try:
+                    await _bounded(_collect(last, 1), "the end of a request in flight at stop()", 10)
+                    stopped = None
+                except AssertionError:
+                    raise
+                except Exception as e:  # noqa: BLE001
+                    stopped = e
+                return (got, left, mapped, asks[0], loop_thread, doomed_error, after_got, stopped)
             except Exception as e:  # a request failed because the step loop died: show why it died
-                raise _loop_error(engine) or e
+                died = _loop_error(engine)
+                if died is not None and "injected by the check" in str(died):
+                    raise AssertionError("a step that raised ended the step loop, and every request with it: "
+                                         "catch the step's Exception, hand it to self._fail_step, go on") from died
+                raise died or e
             finally:
+                llm.engine.step = engine_step
                 await engine.close()
-        engine, got, left, mapped = _run(main)
+        server_log = logging.getLogger("nanoserve.serve")
+        server_log.disabled = True  # the step the check fails on purpose would print its traceback
+        try:
+            got, left, mapped, asks, loop_thread, doomed_error, after_got, stopped = _run(main)
+        finally:
+            server_log.disabled = False
+    if loop_thread in threads:
+        raise AssertionError("engine.step ran on the event loop's own thread: while it computes, no client can "
+                             "connect or read. Run it in the worker thread: loop.run_in_executor(self.executor, ...)")
     for r, ((_, params, text), out, deltas) in enumerate(zip(requests, outs, got)):
         for i, completion in enumerate(out.outputs):
             mine = deltas[i]
             tokens = [d.token_id for d in mine]
             if tokens != list(completion.token_ids):
                 raise AssertionError(f"request {r} completion {i}: its stream got tokens {tokens}, LLM.generate "
-                                     f"gives {list(completion.token_ids)}. Each output (seq, token) goes to the "
-                                     f"queue of the request that owns seq (self.by_seq), with seq.index")
+                                     f"gives {list(completion.token_ids)}: every step's outputs go to "
+                                     f"self.router.route, once")
             logprobs = [d.logprobs for d in mine]
             want = completion.logprobs or [None] * len(mine)
-            # the same tokens, and values as close as another batch's rounding allows
             if len(logprobs) != len(want) or not all(
                     (g is None and w is None) or (g is not None and w is not None and set(g) == set(w)
                                                    and all(abs(g[t] - w[t]) < 1e-3 for t in w))
                     for g, w in zip(logprobs, want)):
                 raise AssertionError(f"request {r} completion {i}: its deltas' logprobs {logprobs} differ from "
-                                     f"LLM.generate's {completion.logprobs}: each delta carries its token's step "
-                                     f"(seq.logprobs[-1]), or None when the request asked for none")
-            reasons = [d.finish_reason for d in mine]
-            if reasons[-1] != completion.finish_reason or any(reasons[:-1]):
-                raise AssertionError(f"request {r} completion {i}: finish reasons {reasons}; only the last token "
-                                     f"carries one ({completion.finish_reason!r}), from seq.finish_reason")
+                                     f"LLM.generate's {completion.logprobs}")
             streamed = "".join(d.text for d in mine)
             if text and streamed != completion.text:
                 raise AssertionError(f"request {r} completion {i}: streamed text {streamed!r}, want "
-                                     f"{completion.text!r}; with stream_text each delta carries seq.new_text")
-            if not text and streamed:
-                raise AssertionError(f"request {r}: not streamed, so its deltas carry no text (\"\"), got {streamed!r}")
+                                     f"{completion.text!r}")
     if left or mapped:
-        raise AssertionError(f"after every request finished, the engine still holds {left} requests and maps "
-                             f"{mapped} sequences: a finished completion leaves by_seq, a finished request "
-                             f"leaves self.requests")
-    lengths = [len(c.token_ids) for out in outs for c in out.outputs]
+        raise AssertionError(f"after every request finished, the engine still holds {left} requests and routes "
+                             f"{mapped} sequences")
+    if asks > 10:
+        raise AssertionError(f"with nothing to run, the step loop asked engine.has_unfinished() {asks} times in "
+                             f"0.3 s: it spins. Sleep until something happens (self.wake), clearing it first")
+    if not isinstance(doomed_error, RuntimeError) or "injected by the check" not in str(doomed_error):
+        raise AssertionError(f"a step that raised should fail the request in it (self._fail_step(error)); that "
+                             f"request ended with {doomed_error!r}")
+    if [d.token_id for d in after_got[0]] != list(outs[-1].outputs[0].token_ids):
+        raise AssertionError("after a failed step, the next request did not get LLM.generate's tokens: the loop "
+                             "goes on after self._fail_step")
+    if stopped is None:
+        raise AssertionError("a request in flight at stop() finished all 400 tokens: once self.stopping, the loop "
+                             "ends, and every request still held fails (self._fail_all)")
+    lengths = [len(c.token_ids) for out in outs[:-1] for c in out.outputs] + [len(outs[-1].outputs[0].token_ids)]
 
     def sample(name, **labels):
         return metrics.registry.get_sample_value(f"nanoserve:{name}", {"model_name": "check", **labels}) or 0
 
-    counted = {"generated tokens": (sample("generation_tokens_total"), sum(lengths)),
-               "first tokens (TTFT)": (sample("time_to_first_token_seconds_count"), len(requests)),
-               "inter-token gaps (ITL)": (sample("inter_token_latency_seconds_count"), sum(n - 1 for n in lengths)),
-               "finished requests": (sample("e2e_request_latency_seconds_count"), len(requests)),
-               "finished for length": (sample("request_success_total", finished_reason="length"), len(requests))}
-    wrong = {what: got for what, (got, want) in counted.items() if got != want}
-    if wrong:
-        raise AssertionError(f"the metrics counted {wrong}, want {({w: counted[w][1] for w in wrong})}: each token "
-                             f"goes through self._time_token, and a finished request through "
-                             f"metrics.request_finished (when the engine has metrics)")
-    print(f"✓ _deliver: {len(requests)} concurrent requests (one with n=2) each get exactly LLM.generate's tokens, "
-          f"text and finish reasons, leave nothing behind, and are counted in the metrics")
+    generated = sample("generation_tokens_total")
+    if generated < sum(lengths):
+        raise AssertionError(f"the metrics counted {generated} generated tokens, want at least {sum(lengths)}")
+    print(f"✓ step loop: {len(requests)} concurrent requests (one with n=2) each get exactly LLM.generate's tokens, "
+          f"steps run off the event loop, an idle loop sleeps, a failed step fails only its "
+          f"request, and stop() ends the request in flight")
 
 
 def check_abort(engine_cls) -> None:
@@ -145,6 +224,7 @@ def check_abort(engine_cls) -> None:
 
         async def main():
             engine = engine_cls(llm)
+            ENGINES.append(engine)
             try:
                 leaving = await engine.add_request([9] * 40, long)
                 staying = await engine.add_request([3, 4, 5], short)
@@ -156,7 +236,7 @@ def check_abort(engine_cls) -> None:
                 if _loop_error(engine) is not None:
                     raise _loop_error(engine)
                 return (left, stayed, engine.engine.has_unfinished(), pool.num_free, len(engine.requests),
-                        len(engine.by_seq), leaving.finished)
+                        len(engine.router.owners), leaving.finished)
             except Exception as e:  # a request failed because the step loop died: show why it died
                 raise _loop_error(engine) or e
             finally:
@@ -170,8 +250,8 @@ def check_abort(engine_cls) -> None:
                              f"abort: scheduler.abort(seq) gives a sequence's blocks back")
     if held or mapped or not finished:
         raise AssertionError(f"after the abort the engine still lists {held} requests and {mapped} sequences "
-                             f"(stream finished: {finished}): forget the request in self.requests and each seq in "
-                             f"self.by_seq, and set its num_unfinished to 0")
+                             f"(stream finished: {finished}): forget the request in self.requests and its sequences "
+                             f"in self.router, and set its num_unfinished to 0")
     if [d.token_id for d in stayed[0]] != list(want):
         raise AssertionError("the request that stayed did not get LLM.generate's tokens: abort only the "
                              "aborted request's sequences")
@@ -216,7 +296,7 @@ def check_sse(sse) -> None:
 # Every exercise of the lesson: its name -> the check, run on the implementation found in a namespace `ns`
 # (the engine's modules in tests/, the learner's notebook cells in `make check`, tools/check_lessons.py).
 EXERCISES = {
-    "8.1 _deliver": lambda ns: check_deliver(ns["AsyncEngine"]),
+    "8.1 step loop": lambda ns: check_step_loop(ns["AsyncEngine"]),
     "8.2 abort": lambda ns: check_abort(ns["AsyncEngine"]),
     "8.3 sse": lambda ns: check_sse(ns["sse"]),
 }

@@ -16,6 +16,7 @@ from tqdm.auto import tqdm
 
 from nanoserve.engine.llm_engine import LLMEngine
 from nanoserve.engine.model_runner import ModelRunner
+from nanoserve.engine.output_router import OutputRouter
 from nanoserve.engine.sampling_params import SamplingParams
 from nanoserve.engine.sequence import Sequence, SequenceStatus
 from nanoserve.model.config import ModelConfig
@@ -250,7 +251,7 @@ class LLM:
     .chat and .stream. The model and tokenizer load here; the engine and its KV pool are built at the first
     request (so an LLM built again in a notebook cell, `llm = LLM(...)`, finds the memory of the one it
     replaces already free). All calls share one step loop: each step's tokens go to the call that owns
-    them (route_step), so streams and generate calls may be interleaved."""
+    them (an OutputRouter), so streams and generate calls may be interleaved."""
 
     def __init__(self, model: str | None = None, **settings):
         args = settings.pop("engine_args", None)
@@ -286,7 +287,7 @@ class LLM:
         self.max_model_len = min(args.max_model_len, self.model.config.max_position_embeddings)
         self.max_logprobs = args.max_logprobs  # as vLLM: the most log-probs a request may ask for per token
         self._engine = None
-        self._routes: dict[int, deque] = {}  # seq_id -> the queue of tokens for the call that owns it
+        self.router = OutputRouter()  # seq_id -> the deque of the call that owns it
 
     @classmethod
     def from_engine_args(cls, engine_args: EngineArgs) -> "LLM":
@@ -345,7 +346,7 @@ class LLM:
 
     def shutdown(self) -> None:
         """Free the model and the KV pool now (a `with LLM(...) as llm:` block does it on exit)."""
-        self._engine, self.model, self._routes = None, None, {}
+        self._engine, self.model, self.router = None, None, OutputRouter()
         if self.workers is not None:
             self.workers.shutdown()
         gc.collect()
@@ -400,30 +401,21 @@ class LLM:
         return outputs, seqs
 
     def _run(self, seqs: dict):
-        """Yield (sequence, token, new text, finished) for these sequences, in the order they are made, until
-        all are finished. Steps are shared: tokens of other calls' sequences go to their own callers' queues."""
-        queue = deque()  # this call's tokens, not yet yielded
-        self._routes.update((seq_id, queue) for seq_id in seqs)
+        """Yield this call's Deltas, in the order they are made, until all its sequences are finished. Steps
+        are shared: deltas of other calls' sequences go to their own callers' queues."""
+        queue = deque()  # this call's deltas, not yet yielded
+        self.router.add((seq for _, seq in seqs.values()), queue)
         try:
-            pending = set(seqs)
-            while pending:
+            unfinished = len(seqs)
+            while unfinished:
                 if not queue:
-                    for seq, token in self.engine.step():
-                        if seq.seq_id not in self._routes:
-                            continue
-                        if seq.error is not None:  # it failed alone: it ends here, with no new token
-                            self._routes[seq.seq_id].append((seq.seq_id, None, seq.error, True))
-                        elif token is not None:
-                            finished = seq.status is SequenceStatus.FINISHED
-                            self._routes[seq.seq_id].append((seq.seq_id, token, seq.new_text, finished))
+                    self.router.route(self.engine.step())
                 while queue:
-                    seq_id, token, text, finished = queue.popleft()
-                    yield seqs[seq_id][1], token, text, finished
-                    if finished:
-                        pending.discard(seq_id)
+                    delta = queue.popleft()
+                    unfinished -= delta.finished
+                    yield delta
         finally:  # finished, an exception, or a stream its caller stopped reading
-            for seq_id in seqs:
-                self._routes.pop(seq_id, None)
+            self.router.remove(seq for _, seq in seqs.values())
             self._abort(seqs)
 
     def _abort(self, seqs: dict) -> None:
@@ -474,8 +466,8 @@ class LLM:
                 yield StreamItem(out.request_id, out.error, None, True)
         run = self._run(seqs)
         try:
-            for seq, token, text, finished in run:
-                yield StreamItem(seqs[seq.seq_id][0], text, token, finished, seq.index)
+            for d in run:  # a failed sequence says why in place of its text
+                yield StreamItem(seqs[d.seq.seq_id][0], d.error or d.text, d.token_id, d.finished, d.index)
         finally:  # a caller that stops reading: the requests end now, not whenever Python collects `run`
             run.close()
 
@@ -487,10 +479,10 @@ class LLM:
         bar = tqdm(total=len(groups), desc="generating", unit="req", disable=not use_tqdm)
         start, generated, run = time.perf_counter(), 0, self._run(seqs)
         try:
-            for seq, token, _, finished in run:
-                generated += token is not None
-                i = seqs[seq.seq_id][0]
-                if finished and all(s.status is SequenceStatus.FINISHED for s in groups[i]):
+            for d in run:
+                generated += d.token_id is not None
+                i = seqs[d.seq.seq_id][0]
+                if d.finished and all(s.status is SequenceStatus.FINISHED for s in groups[i]):
                     complete_output(outputs[i], groups[i])
                     bar.update()
                 bar.set_postfix_str(f"{generated / (time.perf_counter() - start):.0f} tok/s", refresh=False)

@@ -8,7 +8,7 @@ loop, ever touches it. Between two steps that task admits new requests (engine.a
 applies aborts (scheduler.abort); then it runs one engine.step() in a single worker thread
 (run_in_executor), so the event loop stays free to accept connections and write bytes to clients
 while the model computes. When the step returns, the same task hands every new token to the queue
-of the request it belongs to. Requests, aborts and shutdown only append to plain lists and wake the
+of the request it belongs to (lesson 05's OutputRouter, the one LLM's calls share). Requests, aborts and shutdown only append to plain lists and wake the
 loop up; they never call the engine themselves. So no locks are needed: the engine is used by one
 task at a time, and everything else happens on the event loop's thread.
 
@@ -23,8 +23,8 @@ import asyncio
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 
+from nanoserve.engine.output_router import Delta, OutputRouter
 from nanoserve.engine.sampling_params import SamplingParams
 from nanoserve.engine.sequence import Sequence, SequenceStatus
 
@@ -43,16 +43,6 @@ class RequestFailed(RuntimeError):
 
 
 logger = logging.getLogger("nanoserve.serve")
-
-
-@dataclass
-class Delta:
-    """One new token of one completion, as the step loop hands it to the request's consumer."""
-    index: int  # which of the request's n completions
-    token_id: int
-    text: str  # the text this token made final (streams only; "" otherwise)
-    logprobs: dict | None  # {token id: log-prob} of this step (the chosen token and the top k), if asked for
-    finish_reason: str | None  # "stop" or "length" on the completion's last token, else None
 
 
 class RequestStream:
@@ -80,6 +70,10 @@ class RequestStream:
                 raise item
             yield item
 
+    def append(self, delta: Delta) -> None:
+        """The router hands this request's deltas here (lesson 05's OutputRouter)."""
+        self.engine._deliver(self, delta)
+
     def abort(self) -> None:
         if not self.finished:
             self.engine.abort(self)
@@ -96,7 +90,7 @@ class AsyncEngine:
         self.requests: set[RequestStream] = set()  # accepted or about to be, not finished
         self.to_add: list[RequestStream] = []
         self.to_abort: list[RequestStream] = []
-        self.by_seq: dict[int, RequestStream] = {}  # seq_id -> its request
+        self.router = OutputRouter()  # seq_id -> its request (lesson 05)
         self.stopping = False
         self.wake = asyncio.Event()  # set whenever the step loop has something new to do
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="nanoserve-step")
@@ -142,6 +136,9 @@ class AsyncEngine:
     # The step loop: the only code that calls the engine.
 
     async def run(self) -> None:
+        """Until stop(): take in what callers asked for, run a step in the worker thread, hand out its
+        outputs. When nothing is left to run, sleep until a request, an abort or a stop comes. A step that
+        raises fails its own requests, and the loop goes on. However it ends, no request is left waiting."""
         loop = asyncio.get_running_loop()
         try:
             while not self.stopping:
@@ -149,16 +146,15 @@ class AsyncEngine:
                 self._apply_aborts()
                 self._report()
                 if not self.engine.has_unfinished():
-                    self.wake.clear()
-                    await self.wake.wait()  # idle until a request, an abort or a stop comes
+                    self.wake.clear()  # nothing awaited since the checks above: nothing can slip between
+                    await self.wake.wait()
                     continue
                 try:
                     outputs = await loop.run_in_executor(self.executor, self.engine.step)
-                except Exception as e:  # a failed step fails the requests in it; the others go on
+                except Exception as e:
                     self._fail_step(e)
                     continue
-                self._deliver(outputs)
-                self._fail_errored(outputs)
+                self.router.route(outputs)
         finally:
             self.stopping = True
             self._fail_all(EngineStopped("the server is shutting down"))
@@ -180,7 +176,7 @@ class AsyncEngine:
             for seq in stream.seqs:
                 if stream.stream_text:
                     seq.stream_text()  # make each token's text as it comes
-                self.by_seq[seq.seq_id] = stream
+            self.router.add(stream.seqs, stream)
             stream.accepted.set_result(None)
             if self.metrics:
                 self.metrics.prompt_tokens.inc(len(stream.prompt_ids))
@@ -197,7 +193,7 @@ class AsyncEngine:
         for seq in stream.seqs:
             if seq.status is not SequenceStatus.FINISHED:
                 self.engine.scheduler.abort(seq)
-            self.by_seq.pop(seq.seq_id, None)
+        self.router.remove(stream.seqs)
         stream.num_unfinished = 0
         self.requests.discard(stream)
 
@@ -222,22 +218,12 @@ class AsyncEngine:
         on with what it holds: every request fails, or the loop would retry the same step forever."""
         # (a copy: _forget takes sequences out of scheduler.running)
         seqs = list(getattr(self.engine, "step_seqs", None) or self.engine.scheduler.running)
-        failing = list(dict.fromkeys(self.by_seq[s.seq_id] for s in seqs if s.seq_id in self.by_seq))
+        owners = self.router.owners
+        failing = list(dict.fromkeys(owners[s.seq_id] for s in seqs if s.seq_id in owners))
         failing = failing or list(self.requests)
         logger.error("engine step failed; failing the %d request(s) in it", len(failing), exc_info=error)
         self._fail(failing, RequestFailed(f"engine step failed: {type(error).__name__}: {error}"))
         self._count_failed(failing)
-
-    def _fail_errored(self, outputs: list[tuple[Sequence, int | None]]) -> None:
-        """The sequences the engine failed alone: (seq, None) with finish_reason "error" and seq.error
-        saying why (the engine gave their blocks back already). Each fails its own request, the request's
-        other completions included; nobody else notices."""
-        for seq, token in outputs:
-            stream = self.by_seq.get(seq.seq_id)
-            if token is None and seq.finish_reason == "error" and stream is not None:
-                logger.warning("a request failed: %s", seq.error)
-                self._fail([stream], RequestFailed(f"the request failed: {seq.error}"))
-                self._count_failed([stream])
 
     def _count_failed(self, streams: list[RequestStream]) -> None:
         if self.metrics:
@@ -245,23 +231,23 @@ class AsyncEngine:
             for stream in streams:
                 self.metrics.request_finished(now - stream.arrival, "error")
 
-    def _deliver(self, outputs: list[tuple[Sequence, int | None]]) -> None:
+    def _deliver(self, stream: RequestStream, delta: Delta) -> None:
+        """One delta of this request: on its queue, timed and counted. A sequence the engine failed alone
+        (its detokenizer raised, say) fails its request, the request's other completions included."""
+        if delta.error is not None:
+            logger.warning("a request failed: %s", delta.error)
+            self._fail([stream], RequestFailed(f"the request failed: {delta.error}"))
+            self._count_failed([stream])
+            return
         now = time.perf_counter()
-        for seq, token in outputs:
-            stream = self.by_seq.get(seq.seq_id)
-            if token is None or stream is None:  # a prompt chunk, or a request aborted meanwhile
-                continue
-            logprobs = seq.logprobs[-1] if seq.logprobs is not None else None
-            stream.queue.put_nowait(Delta(seq.index, token, seq.new_text if stream.stream_text else "", logprobs,
-                                          seq.finish_reason))
-            self._time_token(stream, seq.index, now)
-            if seq.finish_reason is not None:
-                self.by_seq.pop(seq.seq_id)
-                stream.num_unfinished -= 1
-                if stream.finished:
-                    self.requests.discard(stream)
-                    if self.metrics:
-                        self.metrics.request_finished(now - stream.arrival, seq.finish_reason)
+        stream.queue.put_nowait(delta)
+        self._time_token(stream, delta.index, now)
+        if delta.finished:  # the router has let go of the sequence already
+            stream.num_unfinished -= 1
+            if stream.finished:
+                self.requests.discard(stream)
+                if self.metrics:
+                    self.metrics.request_finished(now - stream.arrival, delta.finish_reason)
 
     def _time_token(self, stream: RequestStream, index: int, now: float) -> None:
         """Time to first token (per request) and inter-token latency (per completion)."""
