@@ -57,7 +57,7 @@ def test_chat_with_the_default_model_answers():
 
 def test_top_p_out_of_range_is_reported(capsys):
     assert main(["generate", "Hi", "--model", "tiny-qwen3", "--top-p", "1.5"]) == 2
-    assert "top_p must be in (0, 1]" in capsys.readouterr().err
+    assert "top_p must be a number in (0, 1]" in capsys.readouterr().err
 
 
 def test_unseeded_sampling_varies_between_runs(capsys):

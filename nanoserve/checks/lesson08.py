@@ -14,7 +14,7 @@ MODEL = "tiny-qwen3"
 ENGINES: list = []  # the engines a check's event loop made: stopped from outside if that loop hangs
 
 
-def _run(main, seconds: float = 60):
+def _run(main, seconds: float = 90):
     """asyncio.run(main()) in a thread of its own: Jupyter's kernel already runs an event loop in this one.
     A step loop that never awaits (it spins) blocks that event loop, and no timeout inside it can fire:
     after `seconds` the engines are told to stop from here, and the check fails."""
@@ -72,15 +72,22 @@ async def _collect(stream, n: int, stop_after: int | None = None) -> list[list]:
     return got
 
 
-def _bounded(awaitable, what: str, seconds: float = 60):
-    """Wait at most `seconds`: a step loop that never delivers must fail the check, not hang it."""
-    async def bounded():
-        try:
-            return await asyncio.wait_for(awaitable, seconds)
-        except asyncio.TimeoutError:
-            raise AssertionError(f"{what} did not come within {seconds:.0f} s: does the step loop admit new "
-                                 f"requests (self._admit) and hand out each step's outputs (self.router)?") from None
-    return bounded()
+async def _bounded(awaitable, what: str, engine, seconds: float = 30):
+    """Wait at most `seconds` for `awaitable`: a step loop that never delivers must fail the check, not hang it.
+    If the engine's step loop ends first, say why it ended (a learner's exception, or a stub's)."""
+    task = asyncio.ensure_future(awaitable)
+    await asyncio.wait({task, engine.loop_task}, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
+    if not task.done() and engine.loop_task.done():
+        await asyncio.wait({task}, timeout=1)  # what the loop handed out as it ended comes a moment later
+    if task.done():
+        return task.result()
+    task.cancel()
+    if engine.loop_task.done():
+        error = _loop_error(engine)
+        raise error or AssertionError(f"the step loop returned while {what} was still awaited: it runs until "
+                                      f"self.stopping, and fails what it holds when it ends")
+    raise AssertionError(f"{what} did not come within {seconds:.0f} s: does the step loop admit new requests "
+                         f"(self._admit) and hand out each step's outputs (self.router)?")
 
 
 def check_step_loop(engine_cls) -> None:
@@ -109,10 +116,10 @@ def check_step_loop(engine_cls) -> None:
             ENGINES.append(engine)
             loop_thread = threading.get_ident()
             try:
-                streams = [await _bounded(engine.add_request(p, s, text), "an added request")
+                streams = [await _bounded(engine.add_request(p, s, text), "an added request", engine)
                            for p, s, text in requests]
                 got = await _bounded(asyncio.gather(*(_collect(st, s.n) for st, (_, s, _) in zip(streams, requests))),
-                                     "every request's tokens")
+                                     "every request's tokens", engine)
                 left, mapped = len(engine.requests), len(engine.router.owners)
                 # idle: the loop sleeps until something comes (it does not spin, asking the engine again and again)
                 asks, has_unfinished = [0], llm.engine.has_unfinished
@@ -126,21 +133,21 @@ def check_step_loop(engine_cls) -> None:
                     runner.collect = collect  # once
                     raise RuntimeError("injected by the check")
                 runner.collect = failing_collect
-                doomed = await _bounded(engine.add_request([9, 9, 9], late[1]), "an added request")
+                doomed = await _bounded(engine.add_request([9, 9, 9], late[1]), "an added request", engine)
                 try:
-                    await _bounded(_collect(doomed, 1), "the failed request's end")
+                    await _bounded(_collect(doomed, 1), "the failed request's end", engine)
                     doomed_error = None
                 except Exception as e:  # noqa: BLE001 -- what the failed request ended with
                     doomed_error = e
                 runner.collect = collect
-                after = await _bounded(engine.add_request(*late), "a request after the failed step")
-                after_got = await _bounded(_collect(after, 1), "the tokens of a request after the failed step")
+                after = await _bounded(engine.add_request(*late), "a request after the failed step", engine)
+                after_got = await _bounded(_collect(after, 1), "the tokens of a request after the failed step", engine)
                 # stopping with a request in flight: it ends (with an error), it is not left waiting
                 last = await _bounded(engine.add_request([6, 6], SamplingParams(max_tokens=400, ignore_eos=True)),
-                                      "an added request")
+                                      "an added request", engine)
                 engine.stop()
                 try:
-                    await _bounded(_collect(last, 1), "the end of a request in flight at stop()", 10)
+                    await _bounded(_collect(last, 1), "the end of a request in flight at stop()", engine, 10)
                     stopped = None
                 except AssertionError:
                     raise
@@ -226,9 +233,10 @@ def check_abort(engine_cls) -> None:
             engine = engine_cls(llm)
             ENGINES.append(engine)
             try:
-                leaving = await engine.add_request([9] * 40, long)
-                staying = await engine.add_request([3, 4, 5], short)
-                left, stayed = await asyncio.gather(_collect(leaving, 2, stop_after=3), _collect(staying, 1))
+                leaving = await _bounded(engine.add_request([9] * 40, long), "an added request", engine)
+                staying = await _bounded(engine.add_request([3, 4, 5], short), "an added request", engine)
+                left, stayed = await _bounded(asyncio.gather(_collect(leaving, 2, stop_after=3), _collect(staying, 1)),
+                                              "the requests' tokens", engine)
                 for _ in range(100):  # the abort takes effect before the next step
                     if not engine.engine.has_unfinished():
                         break

@@ -15,8 +15,9 @@ class Detokenizer:
     could lose a space; with the context in front, only the context's space is dropped.
     """
 
-    def __init__(self, tokenizer, stop: list[str] = ()):
-        self.tokenizer, self.stop = tokenizer, list(stop)
+    def __init__(self, tokenizer, stop: list[str] = (), include_stop: bool = False, skip_special_tokens: bool = True):
+        self.tokenizer, self.stop, self.include_stop = tokenizer, list(stop), include_stop
+        self.skip_special_tokens = skip_special_tokens
         self.token_ids: list[int] = []
         self.text = ""  # the text so far, cut before a stop string if one was found
         self.stopped = False
@@ -24,8 +25,9 @@ class Detokenizer:
         self.prefix = self.read = 0  # token_ids[prefix:read]: context; token_ids[read:]: pending
         self.longest = max((len(s) for s in self.stop), default=0)
 
-    def add(self, token_id: int) -> str:
-        """Add one token; return the text that became final (for streaming).
+    def add(self, token_id: int, may_stop: bool = True) -> str:
+        """Add one token; return the text that became final (for streaming). may_stop: False while the
+        request's min_tokens are not reached (a stop string then does not count).
 
         Text that may still turn out to begin a stop string is held back (up to the longest stop
         string's length - 1 characters), as is half a multi-byte character; flush() returns the rest.
@@ -33,7 +35,7 @@ class Detokenizer:
         self.token_ids.append(token_id)
         if self.stopped:  # the text is over; later tokens change nothing
             return ""
-        decode = lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True)
+        decode = lambda ids: self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens)
         context = decode(self.token_ids[self.prefix:self.read])
         window = decode(self.token_ids[self.prefix:])
         if window.endswith("\ufffd"):  # half a UTF-8 character: wait for the rest
@@ -45,9 +47,10 @@ class Detokenizer:
         # A match must end in the new piece, so it starts at most longest - 1 characters before it.
         search_from = max(0, len(self.text) - self.longest + 1)
         text = self.text + piece
-        hits = [i for i in (text.find(s, search_from) for s in self.stop) if i >= 0]
-        if hits:
-            text, self.stopped = text[:min(hits)], True
+        hits = [(i, len(s)) for i, s in ((text.find(s, search_from), s) for s in self.stop) if i >= 0]
+        if hits and may_stop:
+            at, length = min(hits)
+            text, self.stopped = text[:at + length * self.include_stop], True
         self.text = text
         final = len(text) if self.stopped else max(self.emitted, len(text) - max(self.longest - 1, 0))
         new, self.emitted = text[self.emitted:final], final

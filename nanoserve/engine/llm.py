@@ -394,7 +394,7 @@ class LLM:
                                                  f"prompt {i}: {e}"))
                     continue
                 seqs.update((s.seq_id, (i, s)) for s in [first, *first.forks])
-                outputs.append(RequestOutput(i, text, ids, finished=False))
+                outputs.append(RequestOutput(i, text, first.prompt_ids, finished=False))  # truncated, maybe
         except BaseException:
             self._abort(seqs)
             raise

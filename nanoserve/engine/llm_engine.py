@@ -60,6 +60,17 @@ class LLMEngine:
         vocab = self.model.config.vocab_size
         if not all(isinstance(t, int) and 0 <= t < vocab for t in prompt_ids):
             raise ValueError(f"prompt token ids must be integers in [0, {vocab})")
+        for name, ids in (("logit_bias", params.logit_bias or {}), ("allowed_token_ids", params.allowed_token_ids or [])):
+            if any(t >= vocab for t in ids):
+                raise ValueError(f"{name}: token ids must be below the vocabulary size {vocab}")
+        if params.truncate_prompt_tokens is not None:  # as vLLM: keep the last k (-1: max_model_len)
+            keep = self.max_model_len if params.truncate_prompt_tokens == -1 else params.truncate_prompt_tokens
+            prompt_ids = prompt_ids[-keep:]
+        if params.max_tokens is None:  # as vLLM: whatever max_model_len leaves
+            if len(prompt_ids) >= self.max_model_len:
+                raise ValueError(f"a prompt of {len(prompt_ids)} tokens leaves no room for max_tokens=None within "
+                                 f"max_model_len {self.max_model_len}")
+            params = params.clone(max_tokens=self.max_model_len - len(prompt_ids))
         if params.logprobs is not None and params.logprobs > self.max_logprobs:
             raise ValueError(f"logprobs {params.logprobs} exceeds max_logprobs {self.max_logprobs} (an LLM argument)")
         if len(prompt_ids) + params.max_tokens > self.max_model_len:

@@ -10,6 +10,7 @@ import torch
 
 from nanoserve.cache.metadata import StepMetadata, StepMetadataBuilder
 from nanoserve.cache.paged import PagedKVCache
+from nanoserve.engine.logits_processors import process_logits
 from nanoserve.engine.sampler import Sampler
 from nanoserve.engine.scheduler import ScheduledBatch
 
@@ -59,9 +60,10 @@ class ModelRunner:
         logits = self.forward(meta, size, batch.copies, feed)[:len(sampled)]
         if not sampled:
             return LaunchedStep(batch, None, None, None, None)
-        tokens = self.sampler(logits, [s.params for s in sampled], [s.seed for s in sampled],
-                              [s.num_output_tokens + s.num_placeholders - 1 for s in sampled])
-        logprobs = top_logprobs(logits, tokens, [s.params.logprobs for s in sampled])
+        steps = [s.num_output_tokens + s.num_placeholders - 1 for s in sampled]  # tokens drawn before this one
+        processed = process_logits(logits, sampled, steps, lambda: meta.input_ids[meta.sample_rows[:len(sampled)]])
+        tokens = self.sampler(processed, [s.params for s in sampled], [s.seed for s in sampled], steps)
+        logprobs = top_logprobs(logits, tokens, [s.params.logprobs for s in sampled])  # the model's, as vLLM's
         host, self.turn = self.host_tokens[self.turn][:len(sampled)], self.turn ^ 1
         host.copy_(tokens, non_blocking=True)
         return LaunchedStep(batch, tokens, host, logprobs, record_event(tokens))

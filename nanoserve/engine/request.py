@@ -5,6 +5,7 @@
 from dataclasses import dataclass
 
 from nanoserve.engine.detokenizer import Detokenizer
+from nanoserve.engine.logits_processors import bad_word_ids
 from nanoserve.engine.sampling_params import SamplingParams
 
 
@@ -22,8 +23,10 @@ class Request:
                  tokenizer):
         if not prompt_ids:
             raise ValueError("the prompt is empty: give at least one token")
-        if params.stop and tokenizer is None:
-            raise ValueError("stop strings need the tokenizer: pass tokenizer=...")
+        if (params.stop or params.bad_words) and tokenizer is None:
+            raise ValueError("stop strings and bad_words need the tokenizer: pass tokenizer=...")
+        if params.max_tokens is None:
+            raise ValueError("max_tokens=None means 'up to max_model_len', which only the engine (lesson 05) knows")
         self.seq_id, self.params, self.seed = seq_id, params, seed
         self.token_ids = list(prompt_ids)  # the prompt, then every generated token: one list, never copied
         self.num_prompt_tokens = len(prompt_ids)
@@ -31,7 +34,8 @@ class Request:
         # Text token by token costs two tokenizer calls per token: only stop strings and streams need it.
         # Otherwise the output is decoded once, when it is complete.
         self.tokenizer = tokenizer
-        self.detok = Detokenizer(tokenizer, params.stop) if params.stop else None
+        self.detok = self._detokenizer() if params.stop else None
+        self.bad_words_ids = bad_word_ids(tokenizer, params.bad_words) if params.bad_words else []
         self.finish_reason: str | None = None
         self.new_text = ""  # text that became final with the last token (when streaming)
 
@@ -53,8 +57,9 @@ class Request:
 
     def append(self, token: int) -> None:
         self.token_ids.append(token)
-        self.new_text = self.detok.add(token) if self.detok is not None else ""
-        if token in self.stop_ids or (self.detok is not None and self.detok.stopped):
+        may_stop = self.num_output_tokens >= self.params.min_tokens
+        self.new_text = self.detok.add(token, may_stop) if self.detok is not None else ""
+        if may_stop and (token in self.stop_ids or (self.detok is not None and self.detok.stopped)):
             self.finish_reason = "stop"
         elif self.num_output_tokens >= self.params.max_tokens:
             self.finish_reason = "length"
@@ -64,13 +69,18 @@ class Request:
     def stream_text(self) -> None:
         """Make new_text after every token from now on (before the first token: a stream asks for it)."""
         if self.detok is None and self.tokenizer is not None:
-            self.detok = Detokenizer(self.tokenizer, self.params.stop)
+            self.detok = self._detokenizer()
+
+    def _detokenizer(self) -> Detokenizer:
+        p = self.params
+        return Detokenizer(self.tokenizer, p.stop, p.include_stop_str_in_output, p.skip_special_tokens)
 
     def completion(self) -> Completion:
         if self.detok is not None:
             text = self.detok.text
         elif self.tokenizer is not None:  # in one go; a character cut short at the end is left out, as above
-            text = self.tokenizer.decode(self.output_ids, skip_special_tokens=True).rstrip("\ufffd")
+            text = self.tokenizer.decode(self.output_ids, skip_special_tokens=self.params.skip_special_tokens)
+            text = text.rstrip("\ufffd")
         else:
             text = None
         return Completion(self.output_ids, text, self.finish_reason)
