@@ -33,7 +33,7 @@ def process_logits(logits: torch.Tensor, seqs: list, steps: list[int], last_inpu
     drawn before this one. A drawn token the host has not seen yet (async scheduling's placeholder) is
     row i's last input token: last_inputs() gives those, [B] on the device. Returns float32 logits; the
     input is left as it was (its raw log-probs are what a request's logprobs report, as in vLLM)."""
-    rows = [i for i, s in enumerate(seqs) if s.params.edits_logits]
+    rows = [i for i, s in enumerate(seqs) if s.edits_logits]
     if not rows:
         return logits
     device, vocab = logits.device, logits.shape[-1]

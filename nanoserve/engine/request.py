@@ -36,6 +36,7 @@ class Request:
         self.tokenizer = tokenizer
         self.detok = self._detokenizer() if params.stop else None
         self.bad_words_ids = bad_word_ids(tokenizer, params.bad_words) if params.bad_words else []
+        self.edits_logits = params.edits_logits  # asked once here, not for every sequence at every step
         self.finish_reason: str | None = None
         self.new_text = ""  # text that became final with the last token (when streaming)
 

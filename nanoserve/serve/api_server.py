@@ -116,6 +116,9 @@ def build_app(llm, model_name: str, max_waiting_requests: int = 256, api_key: st
         fields = [str(p) for p in first["loc"] if p != "body"]
         param = fields[0] if fields else None  # the request's field (deeper parts name pydantic's union types)
         message = f"{param}: {first['msg']}" if param else first["msg"]
+        if first["type"] == "extra_forbidden":  # a field we do not know: refused, never silently ignored
+            unknown = ".".join(fields)
+            message = f"{unknown}: unknown parameter (nanoserve refuses what it does not implement)"
         return error_response(400, "invalid_request_error", message, param)
 
     @app.exception_handler(BadRequest)
@@ -153,11 +156,19 @@ def build_app(llm, model_name: str, max_waiting_requests: int = 256, api_key: st
         if name is not None and name != model_name:
             raise ModelNotFound(f"model {name!r} is not served here; this server serves {model_name!r}")
 
-    def chat_prompt(conversation: list[dict]) -> list[int]:
-        """The conversation through the model's chat template, as token ids."""
+    def chat_prompt(conversation: list[dict], body) -> list[int]:
+        """The conversation through the model's chat template, as token ids (Qwen3's thinking off unless the
+        request's chat_template_kwargs say otherwise)."""
+        if body.continue_final_message and body.add_generation_prompt:
+            raise BadRequest("continue_final_message needs add_generation_prompt: false", "continue_final_message")
+        if body.continue_final_message and conversation[-1]["role"] != "assistant":
+            raise BadRequest("continue_final_message continues an assistant message: the last message must be one",
+                             "continue_final_message")
+        kwargs = {"enable_thinking": False, **(body.chat_template_kwargs or {})}
         try:
-            ids = tokenizer.apply_chat_template(conversation, add_generation_prompt=True, tokenize=True,
-                                                enable_thinking=False)
+            ids = tokenizer.apply_chat_template(conversation, add_generation_prompt=body.add_generation_prompt,
+                                                continue_final_message=body.continue_final_message, tokenize=True,
+                                                **kwargs)
         except TemplateError as e:  # the template refuses these messages (some want a user turn, say)
             raise BadRequest(f"the chat template rejects these messages: {e}", "messages") from None
         return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
@@ -256,7 +267,7 @@ def build_app(llm, model_name: str, max_waiting_requests: int = 256, api_key: st
             choices.append({"index": seq.index, "text": out.text, "logprobs": logprobs,
                             "finish_reason": out.finish_reason})
         generated = sum(len(s.output_ids) for s in stream.seqs)
-        return completion_response(request_id, model_name, choices, len(prompt_ids), generated)
+        return completion_response(request_id, model_name, choices, len(stream.prompt_ids), generated)
 
     @v1.post("/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request):
@@ -267,11 +278,12 @@ def build_app(llm, model_name: str, max_waiting_requests: int = 256, api_key: st
         top = body.top_logprobs or 0
         if body.top_logprobs is not None and not body.logprobs:
             raise BadRequest("top_logprobs needs logprobs: true", "top_logprobs")
-        conversation = [{"role": m.role, "content": message_text(m)} for m in body.messages]
-        prompt_ids = await asyncio.to_thread(chat_prompt, conversation)  # renders and tokenises: in a thread
+        conversation = [{"role": m.role, "content": message_text(m), **({"name": m.name} if m.name else {})}
+                        for m in body.messages]
+        prompt_ids = await asyncio.to_thread(chat_prompt, conversation, body)  # renders and tokenises: in a thread
         max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
         params = sampling_params(body, max_tokens, top if body.logprobs else None,
-                                 default_max_tokens=max(llm.max_model_len - len(prompt_ids), 1))
+                                 default_max_tokens=None)  # None: what max_model_len leaves (the engine's)
         stream = await start(request, prompt_ids, params, stream_text=body.stream)
         request_id = new_id("chatcmpl")
         if body.stream:
@@ -285,7 +297,7 @@ def build_app(llm, model_name: str, max_waiting_requests: int = 256, api_key: st
             choices.append({"index": seq.index, "message": {"role": "assistant", "content": out.text},
                             "logprobs": logprobs, "finish_reason": out.finish_reason})
         generated = sum(len(s.output_ids) for s in stream.seqs)
-        return chat_response(request_id, model_name, choices, len(prompt_ids), generated)
+        return chat_response(request_id, model_name, choices, len(stream.prompt_ids), generated)
 
     app.include_router(v1)
     return app

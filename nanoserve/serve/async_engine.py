@@ -173,6 +173,7 @@ class AsyncEngine:
                 stream.accepted.set_exception(e)
                 continue
             stream.seqs = [first, *first.forks]
+            stream.prompt_ids = first.prompt_ids  # as the engine took it (truncate_prompt_tokens)
             for seq in stream.seqs:
                 if stream.stream_text:
                     seq.stream_text()  # make each token's text as it comes

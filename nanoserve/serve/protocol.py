@@ -10,6 +10,7 @@ rules in one place, where they are easy to read and to test.
 import json
 import time
 import uuid
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
@@ -34,35 +35,116 @@ def sse(data: dict | str) -> str:
     return f"data: {data if isinstance(data, str) else json.dumps(data)}\n\n"
 
 
-class StreamOptions(BaseModel):
+class Strict(BaseModel):
+    """A request is refused if it holds a field we do not know: a parameter accepted and then ignored would
+    give its caller different output and no error."""
+    model_config = ConfigDict(extra="forbid")
+
+
+class StreamOptions(Strict):
     include_usage: bool = False
+    continuous_usage_stats: Any = None  # vLLM's: refused (REFUSED)
 
 
-class SamplingRequest(BaseModel):
-    """The fields both endpoints share. Unknown fields are ignored, as OpenAI-compatible servers do."""
-    model_config = ConfigDict(extra="ignore")
+# Known parameters this server does not implement: each is refused, naming itself, unless it holds the value
+# at which it does nothing (None, or the values listed).
+REFUSED = {
+    "best_of": "best_of (more candidates than n, keeping the likeliest) is not supported",
+    "echo": "echo (the prompt, with its log-probs, in front of the completion) is not supported yet",
+    "suffix": "suffix (insertion: text after the completion) is not supported",
+    "prompt_logprobs": "prompt_logprobs is not supported yet",
+    "use_beam_search": "beam search is not supported", "length_penalty": "length_penalty (beam search) is not supported",
+    "response_format": "response_format json_object / json_schema (structured output) is not supported yet",
+    "structured_outputs": "structured outputs are not supported yet", "guided_json": "guided decoding is not supported yet",
+    "guided_regex": "guided decoding is not supported yet", "guided_choice": "guided decoding is not supported yet",
+    "guided_grammar": "guided decoding is not supported yet",
+    "guided_decoding_backend": "guided decoding is not supported yet",
+    "guided_whitespace_pattern": "guided decoding is not supported yet",
+    "tools": "tool calling is not supported yet", "tool_choice": "tool calling is not supported yet",
+    "functions": "function calling is not supported", "function_call": "function calling is not supported",
+    "audio": "audio output is not supported", "modalities": "only text output is supported",
+    "reasoning_effort": "reasoning_effort is not supported (Qwen3's thinking: chat_template_kwargs)",
+    "web_search_options": "web search is not supported", "verbosity": "verbosity is not supported",
+    "chat_template": "a request's own chat_template is not accepted (the model's template is used)",
+    "documents": "documents (retrieval-augmented templates) are not supported",
+    "priority": "priority scheduling is not supported (requests are served first come, first served)",
+    "spaces_between_special_tokens": "spaces_between_special_tokens=false is not supported",
+    "return_tokens_as_token_ids": "return_tokens_as_token_ids is not supported",
+    "moderation": "moderation is not supported",
+    "continuous_usage_stats": "stream_options.continuous_usage_stats is not supported (usage comes at the end)",
+}
+DOES_NOTHING = {"use_beam_search": (False,), "length_penalty": (1.0,), "response_format": ({"type": "text"},),
+                "tools": ([],), "tool_choice": ("none",), "modalities": (["text"],), "priority": (0,),
+                "spaces_between_special_tokens": (True,), "return_tokens_as_token_ids": (False,), "echo": (False,),
+                "continuous_usage_stats": (False,)}
 
+
+class SamplingRequest(Strict):
+    """The fields both endpoints share: OpenAI's, vLLM's extra sampling parameters, and known ones we refuse."""
     model: str | None = None
     max_tokens: int | None = None
     temperature: float = 1.0
     top_p: float = 1.0
-    top_k: int = 0  # not OpenAI's: pass it with the client's extra_body
     n: int = 1
     seed: int | None = None
     stop: str | list[str] | None = None
-    ignore_eos: bool = False  # not OpenAI's: benchmarks want exactly max_tokens tokens
     stream: bool = False
     stream_options: StreamOptions | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: dict[str, float] | None = None  # token id (as a string, JSON's keys) -> bias
+    # vLLM's extra sampling parameters (the client's extra_body)
+    top_k: int = 0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    min_tokens: int = 0
+    stop_token_ids: list[int] | None = None
+    include_stop_str_in_output: bool = False
+    ignore_eos: bool = False  # benchmarks want exactly max_tokens tokens
+    skip_special_tokens: bool = True
+    allowed_token_ids: list[int] | None = None
+    bad_words: list[str] | None = None
+    truncate_prompt_tokens: int | None = None
+    # Fields that cannot change the output (who asks, what to store, caching and latency hints): accepted
+    user: str | None = None
+    metadata: dict | None = None
+    store: bool | None = None
+    service_tier: str | None = None
+    prompt_cache_key: str | None = None
+    prompt_cache_retention: str | None = None
+    prompt_cache_options: dict | None = None
+    safety_identifier: str | None = None
+    request_id: str | None = None
+    prediction: dict | None = None  # predicted output: a speed hint, the output is the same without it
+    # Known, refused unless they hold the value at which they do nothing (REFUSED, DOES_NOTHING)
+    best_of: int | None = None
+    prompt_logprobs: Any = None
+    use_beam_search: Any = None
+    length_penalty: Any = None
+    response_format: Any = None
+    structured_outputs: Any = None
+    guided_json: Any = None
+    guided_regex: Any = None
+    guided_choice: Any = None
+    guided_grammar: Any = None
+    guided_decoding_backend: Any = None
+    guided_whitespace_pattern: Any = None
+    priority: Any = None
+    spaces_between_special_tokens: Any = None
+    return_tokens_as_token_ids: Any = None
+    echo: Any = None
 
 
 class CompletionRequest(SamplingRequest):
     prompt: str | list[int]
     logprobs: int | None = None  # legacy completions: the number of top log-probs per token
+    suffix: Any = None
 
 
-class ChatMessage(BaseModel):
+class ChatMessage(Strict):
     role: str
     content: str | list[dict]  # a string, or a list of {"type": "text", "text": ...} parts
+    name: str | None = None  # the chat template renders it, if it knows how
 
 
 class ChatCompletionRequest(SamplingRequest):
@@ -70,6 +152,33 @@ class ChatCompletionRequest(SamplingRequest):
     max_completion_tokens: int | None = None  # the newer name of max_tokens
     logprobs: bool = False
     top_logprobs: int | None = None
+    chat_template_kwargs: dict | None = None  # e.g. {"enable_thinking": true} for Qwen3 (off by default)
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False  # the last (assistant) message is continued, not closed
+    parallel_tool_calls: bool | None = None  # about tools, which are refused: nothing to change
+    tools: Any = None
+    tool_choice: Any = None
+    functions: Any = None
+    function_call: Any = None
+    audio: Any = None
+    modalities: Any = None
+    reasoning_effort: Any = None
+    web_search_options: Any = None
+    verbosity: Any = None
+    chat_template: Any = None
+    documents: Any = None
+    moderation: Any = None
+
+
+def refuse_unsupported(request: SamplingRequest) -> None:
+    """BadRequest for the first known-but-unsupported field that would do something."""
+    given = [(name, getattr(request, name, None)) for name in REFUSED]
+    if request.stream_options is not None:
+        given.append(("continuous_usage_stats", request.stream_options.continuous_usage_stats))
+    for name, value in given:
+        if value is None or value in DOES_NOTHING.get(name, ()) or (name == "best_of" and value == request.n):
+            continue
+        raise BadRequest(f"{name}: {REFUSED[name]}", name)
 
 
 MAX_N = 128  # completions per request, OpenAI's cap: each one is a sequence in the batch
@@ -147,13 +256,17 @@ def message_text(message: ChatMessage) -> str:
 
 
 def sampling_params(request: SamplingRequest, max_tokens: int | None, logprobs: int | None,
-                    default_max_tokens: int) -> SamplingParams:
+                    default_max_tokens: int | None) -> SamplingParams:
     """The request's SamplingParams; a bad value raises BadRequest naming its parameter."""
     if request.stream_options is not None and not request.stream:
         raise BadRequest("stream_options is only allowed with stream: true", "stream_options")
-    fields = dict(temperature=request.temperature, top_p=request.top_p, top_k=request.top_k, n=request.n,
-                  seed=request.seed, stop=request.stop, ignore_eos=request.ignore_eos,
-                  max_tokens=default_max_tokens if max_tokens is None else max_tokens, logprobs=logprobs)
+    refuse_unsupported(request)
+    passed = ("temperature", "top_p", "top_k", "min_p", "n", "seed", "stop", "stop_token_ids", "ignore_eos",
+              "presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias", "min_tokens",
+              "include_stop_str_in_output", "skip_special_tokens", "allowed_token_ids", "bad_words",
+              "truncate_prompt_tokens")
+    fields = {name: getattr(request, name) for name in passed}
+    fields.update(max_tokens=default_max_tokens if max_tokens is None else max_tokens, logprobs=logprobs)
     try:
         return SamplingParams(**fields)
     except ValueError as e:  # "SamplingParams: top_p must be in (0, 1], got 2.0"

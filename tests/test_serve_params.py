@@ -1,0 +1,155 @@
+"""Every request field of OpenAI's schemas and vLLM's extra parameters (issue 23): it works, or the server refuses
+it with HTTP 400 naming it -- never accepted and dropped. Those that work are checked for their effect: the
+server's tokens equal LLM.generate's with the same SamplingParams, whose effects tests/test_logits_processors.py
+checks against oracles."""
+import typing
+
+import openai
+import pytest
+from fastapi.testclient import TestClient
+from openai.types import completion_create_params
+from openai.types.chat import completion_create_params as chat_create_params
+
+from nanoserve import LLM, SamplingParams
+from nanoserve.serve.api_server import build_app
+
+PROMPT = [5, 6, 7, 8]
+CHAT = [{"role": "user", "content": "Say something."}]
+# A value that does something, for every field of OpenAI's request schemas (a field added to the openai
+# package fails test_every_openai_field_is_known until it is listed here, and so decided on).
+OPENAI_VALUES = {
+    "model": "tiny-qwen3", "prompt": PROMPT, "messages": CHAT, "max_tokens": 3, "max_completion_tokens": 3,
+    "temperature": 0.5, "top_p": 0.9, "n": 2, "seed": 3, "stop": ["\n"], "stream_options": {"include_usage": True},
+    "presence_penalty": 1.0, "frequency_penalty": 1.0, "logit_bias": {"17": 50}, "logprobs": 2, "top_logprobs": 2,
+    "user": "u", "metadata": {"k": "v"}, "store": True, "service_tier": "auto", "prompt_cache_key": "k",
+    "prompt_cache_retention": "24h", "prompt_cache_options": {}, "safety_identifier": "s",
+    "prediction": {"type": "content", "content": "x"}, "parallel_tool_calls": False,
+    "best_of": 3, "echo": True, "suffix": "!", "response_format": {"type": "json_object"},
+    "tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}], "tool_choice": "auto",
+    "functions": [{"name": "f"}], "function_call": "auto", "audio": {"voice": "alloy", "format": "wav"},
+    "modalities": ["text", "audio"], "reasoning_effort": "low", "web_search_options": {}, "verbosity": "low",
+    "moderation": {"model": "x"},
+}
+# vLLM's extra parameters (its protocol's sampling and chat fields), with a value that does something
+VLLM_VALUES = {
+    "top_k": 5, "min_p": 0.1, "repetition_penalty": 1.3, "min_tokens": 2, "stop_token_ids": [17],
+    "include_stop_str_in_output": True, "ignore_eos": True, "skip_special_tokens": False,
+    "allowed_token_ids": [11, 12], "bad_words": ["the"], "truncate_prompt_tokens": 2, "request_id": "r",
+    "prompt_logprobs": 1, "use_beam_search": True, "length_penalty": 0.5, "structured_outputs": {"choice": ["a"]},
+    "guided_json": {}, "guided_regex": "a+", "guided_choice": ["a"], "guided_grammar": "root ::= 'a'",
+    "guided_decoding_backend": "xgrammar", "guided_whitespace_pattern": " ", "priority": 1,
+    "spaces_between_special_tokens": False, "return_tokens_as_token_ids": True, "chat_template": "{{ 'x' }}",
+    "chat_template_kwargs": {"enable_thinking": True}, "add_generation_prompt": False,
+    "continue_final_message": True, "documents": [{"text": "d"}],
+}
+WORKS = {"model", "prompt", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "n", "seed",
+         "stop", "stream_options", "presence_penalty", "frequency_penalty", "logit_bias", "logprobs", "top_logprobs",
+         "top_k", "min_p", "repetition_penalty", "min_tokens", "stop_token_ids", "include_stop_str_in_output",
+         "ignore_eos", "skip_special_tokens", "allowed_token_ids", "bad_words", "truncate_prompt_tokens",
+         "chat_template_kwargs", "continue_final_message", "add_generation_prompt"}
+NO_EFFECT_ON_OUTPUT = {"user", "metadata", "store", "service_tier", "prompt_cache_key", "prompt_cache_retention",
+                       "prompt_cache_options", "safety_identifier", "prediction", "parallel_tool_calls", "request_id"}
+
+
+@pytest.fixture(scope="module")
+def llm():
+    with LLM("tiny-qwen3", device="cpu", max_model_len=512, num_gpu_blocks_override=128) as llm:
+        yield llm
+
+
+@pytest.fixture(scope="module")
+def client(llm):
+    with TestClient(build_app(llm, "tiny-qwen3")) as client:
+        yield client
+
+
+def fields(schema) -> set[str]:
+    return set(typing.get_type_hints(schema))
+
+
+def test_every_openai_field_is_known():
+    known = set(OPENAI_VALUES)
+    for schema in (completion_create_params.CompletionCreateParamsBase, chat_create_params.CompletionCreateParamsBase):
+        assert fields(schema) <= known, f"decide on {sorted(fields(schema) - known)}"
+
+
+def body_for(endpoint: str, name: str | None = None, value=None) -> dict:
+    body = {"model": "tiny-qwen3", "max_tokens": 3, "temperature": 0}
+    body.update({"prompt": PROMPT} if endpoint == "completions" else {"messages": CHAT})
+    if name is None:
+        pass
+    elif name in ("logprobs", "top_logprobs") and endpoint == "chat/completions":
+        body.update(logprobs=True, top_logprobs=2)
+    elif name == "stream_options":
+        body.update(stream=True, stream_options=value)
+    elif name in ("continue_final_message", "add_generation_prompt"):
+        body.update(messages=CHAT + [{"role": "assistant", "content": "Well"}], add_generation_prompt=False,
+                    continue_final_message=name == "continue_final_message")
+    else:
+        body[name] = value
+    return body
+
+
+CASES = [(endpoint, name) for endpoint, schema in (("completions", completion_create_params.CompletionCreateParamsBase),
+                                                    ("chat/completions", chat_create_params.CompletionCreateParamsBase))
+         for name in sorted(fields(schema) | set(VLLM_VALUES)) if not (endpoint == "completions" and name in (
+             "messages", "max_completion_tokens", "top_logprobs", "chat_template_kwargs", "continue_final_message",
+             "add_generation_prompt")) and not (endpoint == "chat/completions" and name in ("prompt", "suffix"))]
+
+
+@pytest.mark.parametrize("endpoint, name", CASES, ids=[f"{e}:{n}" for e, n in CASES])
+def test_each_field_works_or_is_refused_by_name(client, endpoint, name):
+    value = {**OPENAI_VALUES, **VLLM_VALUES}[name]
+    reply = client.post(f"/v1/{endpoint}", json=body_for(endpoint, name, value))
+    if name in WORKS or name in NO_EFFECT_ON_OUTPUT:
+        assert reply.status_code == 200, reply.text
+    else:
+        assert reply.status_code == 400, (name, reply.text)
+        error = reply.json()["error"]
+        assert error["param"] == name and name in error["message"], error
+
+
+@pytest.mark.parametrize("endpoint", ["completions", "chat/completions"])
+def test_an_unknown_field_is_refused_by_name(client, endpoint):
+    reply = client.post(f"/v1/{endpoint}", json={**body_for(endpoint), "frobnicate": 1})
+    assert reply.status_code == 400 and reply.json()["error"]["param"] == "frobnicate", reply.text
+    reply = client.post("/v1/chat/completions", json={**body_for("chat/completions"), "messages": [
+        {"role": "assistant", "content": None, "tool_calls": [{"id": "1"}]}]})
+    assert reply.status_code == 400 and reply.json()["error"]["param"] == "messages", reply.text
+
+
+@pytest.mark.parametrize("extra", [dict(presence_penalty=2.0, temperature=2.0, seed=1, max_tokens=24),
+                                   dict(frequency_penalty=2.0, temperature=2.0, seed=2, max_tokens=24),
+                                   dict(logit_bias={"17": 100}), dict(repetition_penalty=1.6),
+                                   dict(min_p=0.3, temperature=1.5, seed=3), dict(allowed_token_ids=[11, 12, 13]),
+                                   dict(stop_token_ids=[17], logit_bias={"17": 100}), dict(min_tokens=4, max_tokens=8, logit_bias="EOS"),
+                                   dict(truncate_prompt_tokens=2), dict(bad_words=["the", "a b"])])
+def test_the_openai_client_gets_what_llm_generate_gives(llm, client, extra):
+    api = openai.OpenAI(base_url="http://testserver/v1", api_key="none", http_client=client)
+    extra = {"temperature": 0, "max_tokens": 10, **extra}
+    if extra.get("logit_bias") == "EOS":  # the end-of-sequence token as the likeliest: min_tokens holds it off
+        extra["logit_bias"] = {str(min(llm.eos_token_ids)): 100}
+    openai_names = {"presence_penalty", "frequency_penalty", "logit_bias", "temperature", "max_tokens", "seed"}
+    reply = api.completions.create(model="tiny-qwen3", prompt=PROMPT, **{k: v for k, v in extra.items() if k in openai_names},
+                                   extra_body={k: v for k, v in extra.items() if k not in openai_names})
+    want = llm.generate([PROMPT], SamplingParams(**extra), use_tqdm=False)[0]
+    assert reply.choices[0].text == want.outputs[0].text
+    assert reply.choices[0].finish_reason == want.outputs[0].finish_reason
+    assert reply.usage.prompt_tokens == len(want.prompt_token_ids)
+    plain = llm.generate([PROMPT], SamplingParams(temperature=extra["temperature"], max_tokens=extra["max_tokens"],
+                                                  seed=extra.get("seed")), use_tqdm=False)[0].outputs[0]
+    if "bad_words" not in extra:  # (these words may simply not come up)
+        assert (want.outputs[0].token_ids != plain.token_ids or want.prompt_token_ids != PROMPT), extra
+
+
+def test_chat_template_kwargs_and_continuing_the_last_message(client, llm):
+    think = client.post("/v1/chat/completions", json={**body_for("chat/completions"),
+                                                      "chat_template_kwargs": {"enable_thinking": True}})
+    plain = client.post("/v1/chat/completions", json=body_for("chat/completions"))
+    assert think.json()["usage"]["prompt_tokens"] != plain.json()["usage"]["prompt_tokens"]
+    cont = client.post("/v1/chat/completions", json=body_for("chat/completions", "continue_final_message", True))
+    assert cont.status_code == 200
+    ids = llm.tokenizer.apply_chat_template(CHAT + [{"role": "assistant", "content": "Well"}], tokenize=True,
+                                            continue_final_message=True, enable_thinking=False)
+    ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+    assert cont.json()["usage"]["prompt_tokens"] == len(ids)
