@@ -121,6 +121,8 @@ def add_serve_parser(sub) -> None:
     serve.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     serve.add_argument("--num-gpu-blocks-override", type=_positive_int, default=None)
     serve.add_argument("--seed", type=int, default=0)
+    serve.add_argument("--generation-config", default="auto",
+                       help="sampling defaults: auto (the checkpoint's generation_config.json), vllm (none) or a folder")
     serve.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda if available)")
 
 
@@ -231,7 +233,8 @@ def serve(args) -> int:
               enforce_eager=True if args.enforce_eager else None, tensor_parallel_size=args.tensor_parallel_size,
               custom_all_reduce=args.custom_all_reduce,
               gpu_memory_utilization=args.gpu_memory_utilization, num_gpu_blocks_override=args.num_gpu_blocks_override,
-              seed=args.seed, device=args.device, max_logprobs=args.max_logprobs)
+              seed=args.seed, device=args.device, max_logprobs=args.max_logprobs,
+              generation_config=args.generation_config)
     serve_http(llm, args.served_model_name or args.model, args.host, args.port, args.max_waiting_requests,
                args.api_key)
     return 0

@@ -153,3 +153,52 @@ def test_chat_template_kwargs_and_continuing_the_last_message(client, llm):
                                             continue_final_message=True, enable_thinking=False)
     ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
     assert cont.json()["usage"]["prompt_tokens"] == len(ids)
+
+
+def test_generation_config_defaults_apply_to_what_a_request_leaves_out(tmp_path, client, llm):
+    import json
+    import shutil
+
+    from nanoserve.model.zoo import resolve_model
+
+    folder = tmp_path / "model"
+    shutil.copytree(resolve_model("tiny-qwen3"), folder)
+    config = json.loads((folder / "generation_config.json").read_text())
+    (folder / "generation_config.json").write_text(json.dumps({**config, "temperature": 0.0, "top_k": 7,
+                                                               "max_new_tokens": 5}))
+    with LLM(str(folder), device="cpu", max_model_len=256, num_gpu_blocks_override=64) as tuned:
+        assert tuned.get_default_sampling_params() == SamplingParams(temperature=0.0, top_k=7, max_tokens=5)
+        out = tuned.generate([PROMPT], use_tqdm=False)[0].outputs[0]  # greedy, 5 tokens: the file's defaults
+        assert out.token_ids == llm.generate([PROMPT], SamplingParams(temperature=0, max_tokens=5),
+                                             use_tqdm=False)[0].outputs[0].token_ids
+        with TestClient(build_app(tuned, "tuned")) as tuned_client:
+            body = {"model": "tuned", "prompt": PROMPT}
+            left_out = tuned_client.post("/v1/completions", json=body).json()
+            assert left_out["usage"]["completion_tokens"] == 5 and left_out["choices"][0]["text"] == out.text
+            given = tuned_client.post("/v1/completions", json={**body, "max_tokens": 2}).json()  # the request's wins
+            assert given["usage"]["completion_tokens"] == 2
+    with LLM(str(folder), device="cpu", max_model_len=256, num_gpu_blocks_override=64,
+             generation_config="vllm") as plain:
+        assert plain.get_default_sampling_params() == SamplingParams()
+
+
+@pytest.mark.parametrize("prompts", [["The sky is", "Two plus two"], [[5, 6, 7], [8, 9], [10]]])
+def test_a_batch_of_prompts_gets_n_choices_each_in_order(client, llm, prompts):
+    api = openai.OpenAI(base_url="http://testserver/v1", api_key="none", http_client=client)
+    reply = api.completions.create(model="tiny-qwen3", prompt=prompts, max_tokens=4, temperature=0.7, seed=5, n=2)
+    want = llm.generate(prompts, SamplingParams(max_tokens=4, temperature=0.7, seed=5, n=2), use_tqdm=False)
+    assert [c.index for c in reply.choices] == list(range(2 * len(prompts)))
+    assert [c.text for c in reply.choices] == [c.text for out in want for c in out.outputs]
+    assert reply.usage.prompt_tokens == sum(len(out.prompt_token_ids) for out in want)
+    too_long = client.post("/v1/completions", json={"model": "tiny-qwen3", "prompt": [[5], [6] * 600], "max_tokens": 4})
+    assert too_long.status_code == 400 and not llm_engine_busy(client)
+
+
+def llm_engine_busy(client) -> bool:
+    """Whether the engine still runs anything, a moment after the reply (an abort takes effect before its next step)."""
+    import time
+    for _ in range(200):
+        if not client.app.state.engine.engine.has_unfinished():
+            return False
+        time.sleep(0.01)
+    return True

@@ -71,6 +71,25 @@ def resolve_dtype(dtype, path: Path, device: torch.device) -> torch.dtype:
     raise ValueError(f"dtype must be 'auto', one of {sorted(DTYPES)} or a torch floating-point dtype, got {dtype!r}")
 
 
+# generation_config.json's sampling defaults, under vLLM's names (max_new_tokens is its max_tokens)
+GENERATION_DEFAULTS = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "min_p": "min_p",
+                       "repetition_penalty": "repetition_penalty", "max_new_tokens": "max_tokens"}
+
+
+def generation_defaults(path: Path, generation_config: str) -> dict:
+    """vLLM's generation_config: "auto" takes the checkpoint's generation_config.json sampling defaults
+    (Qwen3 ships temperature 0.6, top_p 0.95, top_k 20), "vllm" takes none, a folder takes its file's."""
+    if generation_config == "vllm":
+        return {}
+    file = (path if generation_config == "auto" else Path(generation_config)) / "generation_config.json"
+    if not file.is_file():
+        if generation_config != "auto":
+            raise ValueError(f"generation_config: {file} does not exist")
+        return {}
+    saved = json.loads(file.read_text())
+    return {ours: saved[theirs] for theirs, ours in GENERATION_DEFAULTS.items() if saved.get(theirs) is not None}
+
+
 def resolve_device(device) -> torch.device:
     if device is None:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -213,6 +232,7 @@ class EngineArgs:
     device: str | None = None  # None: a GPU if there is one
     cpu_kv_cache_gib: float = 1.0  # the KV pool's memory on a CPU
     fused_ops: bool = True  # lesson 06's fused model (False: lesson 01's)
+    generation_config: str = "auto"  # sampling defaults: "auto" (the checkpoint's), "vllm" (none) or a folder
     record_steps: int = 0  # keep the last N steps' records (engine.steps), for pictures
     parts: EngineParts = field(default_factory=EngineParts)
 
@@ -240,6 +260,8 @@ class EngineArgs:
             raise ValueError(f"cpu_kv_cache_gib must be a number > 0, got {self.cpu_kv_cache_gib!r}")
         if self.tensor_parallel_size > 1 and not self.fused_ops:
             raise ValueError("tensor parallelism (lesson 07) cuts lesson 06's fused model: leave fused_ops=True")
+        if not isinstance(self.generation_config, str) or not self.generation_config:
+            raise ValueError(f"generation_config must be 'auto', 'vllm' or a folder, got {self.generation_config!r}")
         if isinstance(self.parts, dict):  # dataclasses.asdict(engine_args) turns it into one
             self.parts = EngineParts(**self.parts)
         if not isinstance(self.parts, EngineParts):
@@ -284,6 +306,7 @@ class LLM:
         else:
             self.model = load_model(path, dtype, device)
         self.eos_token_ids = eos_token_ids(path, self.tokenizer)
+        self.sampling_defaults = generation_defaults(path, args.generation_config)
         self.max_model_len = min(args.max_model_len, self.model.config.max_position_embeddings)
         self.max_logprobs = args.max_logprobs  # as vLLM: the most log-probs a request may ask for per token
         self._engine = None
@@ -341,6 +364,10 @@ class LLM:
 
     llm_engine = engine  # vLLM's name for it
 
+    def get_default_sampling_params(self) -> SamplingParams:
+        """What a call without SamplingParams samples with: the model's generation_config defaults, as vLLM."""
+        return SamplingParams(**self.sampling_defaults)
+
     def get_tokenizer(self):
         return self.tokenizer
 
@@ -374,7 +401,7 @@ class LLM:
     def _submit(self, encoded: list[tuple[str | None, list[int]]], sampling_params):
         """Queue every (text, ids) prompt; returns outputs in input order (unservable ones already failed)
         and {seq_id: (prompt index, sequence)}. A malformed parameter raises before anything is queued."""
-        params = sampling_params if sampling_params is not None else SamplingParams()
+        params = sampling_params if sampling_params is not None else self.get_default_sampling_params()
         params = list(params) if isinstance(params, (list, tuple)) else [params] * len(encoded)
         if len(params) != len(encoded):
             raise ValueError(f"{len(encoded)} prompts but {len(params)} SamplingParams")

@@ -99,6 +99,7 @@ def build_app(llm, model_name: str, max_waiting_requests: int = 256, api_key: st
     metrics = ServerMetrics(model_name)
     tokenizer = llm.tokenizer
     max_logprobs = getattr(llm, "max_logprobs", 20)  # the LLM's cap (vLLM's default: 20)
+    sampling_defaults = getattr(llm, "sampling_defaults", {})  # generation_config.json's, for fields left out
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -249,25 +250,37 @@ def build_app(llm, model_name: str, max_waiting_requests: int = 256, api_key: st
     async def completions(body: CompletionRequest, request: Request):
         check_model(body.model)
         check_limits(body, max_logprobs)
-        if isinstance(body.prompt, str):  # seconds for a long prompt: in a thread, as other streams go on
-            prompt_ids = await asyncio.to_thread(tokenizer.encode, body.prompt)
-        else:
-            prompt_ids = body.prompt
-        params = sampling_params(body, body.max_tokens, body.logprobs, default_max_tokens=16)
-        stream = await start(request, prompt_ids, params, stream_text=body.stream)
-        request_id = new_id("cmpl")
-        if body.stream:
-            include_usage = body.stream_options is not None and body.stream_options.include_usage
-            return streaming(events(stream, request_id, False, include_usage))
-        await wait_for_all(stream, request)
+        prompts = body.prompt if isinstance(body.prompt, list) and body.prompt and not isinstance(body.prompt[0], int) \
+            else [body.prompt]  # a batch: a list of strings, or of token-id lists
+        if body.stream and len(prompts) > 1:
+            raise BadRequest("prompt: a batch of prompts cannot be streamed yet; send them one per request", "prompt")
+        params = sampling_params(body, body.max_tokens, body.logprobs, default_max_tokens=16,
+                                 defaults=sampling_defaults)
+        streams = []
+        try:
+            for prompt in prompts:  # seconds for a long prompt: encoded in a thread, as other streams go on
+                ids = await asyncio.to_thread(tokenizer.encode, prompt) if isinstance(prompt, str) else prompt
+                streams.append(await start(request, ids, params, stream_text=body.stream))
+            request_id = new_id("cmpl")
+            if body.stream:
+                include_usage = body.stream_options is not None and body.stream_options.include_usage
+                return streaming(events(streams[0], request_id, False, include_usage))
+            for stream in streams:
+                await wait_for_all(stream, request)
+        except BaseException:  # one prompt refused, or the client gone: the batch's other requests end too
+            for stream in streams:
+                stream.abort()
+            raise
         choices = []
-        for seq in sorted(stream.seqs, key=lambda s: s.index):
-            out = seq.completion()
-            logprobs = completion_logprobs(tokenizer, out.token_ids, seq.logprobs) if seq.logprobs is not None else None
-            choices.append({"index": seq.index, "text": out.text, "logprobs": logprobs,
-                            "finish_reason": out.finish_reason})
-        generated = sum(len(s.output_ids) for s in stream.seqs)
-        return completion_response(request_id, model_name, choices, len(stream.prompt_ids), generated)
+        for i, stream in enumerate(streams):  # OpenAI's order: prompt by prompt, n choices each
+            for seq in sorted(stream.seqs, key=lambda s: s.index):
+                out = seq.completion()
+                logprobs = completion_logprobs(tokenizer, out.token_ids, seq.logprobs) if seq.logprobs is not None \
+                    else None
+                choices.append({"index": i * body.n + seq.index, "text": out.text, "logprobs": logprobs,
+                                "finish_reason": out.finish_reason})
+        generated = sum(len(s.output_ids) for stream in streams for s in stream.seqs)
+        return completion_response(request_id, model_name, choices, sum(len(s.prompt_ids) for s in streams), generated)
 
     @v1.post("/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request):
@@ -283,7 +296,8 @@ def build_app(llm, model_name: str, max_waiting_requests: int = 256, api_key: st
         prompt_ids = await asyncio.to_thread(chat_prompt, conversation, body)  # renders and tokenises: in a thread
         max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
         params = sampling_params(body, max_tokens, top if body.logprobs else None,
-                                 default_max_tokens=None)  # None: what max_model_len leaves (the engine's)
+                                 default_max_tokens=None,  # None: what max_model_len leaves (the engine's)
+                                 defaults=sampling_defaults)
         stream = await start(request, prompt_ids, params, stream_text=body.stream)
         request_id = new_id("chatcmpl")
         if body.stream:

@@ -136,7 +136,7 @@ class SamplingRequest(Strict):
 
 
 class CompletionRequest(SamplingRequest):
-    prompt: str | list[int]
+    prompt: str | list[int] | list[str] | list[list[int]]  # one prompt, or a batch (n choices each)
     logprobs: int | None = None  # legacy completions: the number of top log-probs per token
     suffix: Any = None
 
@@ -256,8 +256,9 @@ def message_text(message: ChatMessage) -> str:
 
 
 def sampling_params(request: SamplingRequest, max_tokens: int | None, logprobs: int | None,
-                    default_max_tokens: int | None) -> SamplingParams:
-    """The request's SamplingParams; a bad value raises BadRequest naming its parameter."""
+                    default_max_tokens: int | None, defaults: dict | None = None) -> SamplingParams:
+    """The request's SamplingParams; a bad value raises BadRequest naming its parameter. defaults: the
+    model's generation_config sampling defaults, for the fields the request leaves out (as vLLM)."""
     if request.stream_options is not None and not request.stream:
         raise BadRequest("stream_options is only allowed with stream: true", "stream_options")
     refuse_unsupported(request)
@@ -267,6 +268,9 @@ def sampling_params(request: SamplingRequest, max_tokens: int | None, logprobs: 
               "truncate_prompt_tokens")
     fields = {name: getattr(request, name) for name in passed}
     fields.update(max_tokens=default_max_tokens if max_tokens is None else max_tokens, logprobs=logprobs)
+    for name, value in (defaults or {}).items():
+        if name not in request.model_fields_set and not (name == "max_tokens" and max_tokens is not None):
+            fields[name] = value
     try:
         return SamplingParams(**fields)
     except ValueError as e:  # "SamplingParams: top_p must be in (0, 1], got 2.0"
