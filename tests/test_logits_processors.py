@@ -98,7 +98,7 @@ def test_a_token_still_on_the_device_counts_for_the_penalties():
 
 @pytest.fixture(scope="module")
 def llm():
-    with LLM("tiny-qwen3", max_model_len=256, num_gpu_blocks_override=128) as llm:
+    with LLM("tiny-qwen3", device="cpu", max_model_len=256, num_gpu_blocks_override=128) as llm:  # (the GPU: bench/gpu_issue23.py)
         yield llm
 
 
