@@ -53,15 +53,20 @@ def main(out_path: str) -> None:
     results["plain_same_with_edited_batch_mates"] = plain_only == mixed[len(prompts):]
     results["fp32_alone_equals_mixed_batch"] = [a == m for a, m in zip(alone, mixed[:len(prompts)])]
     results["async_scheduling"], results["graphs"] = engine.async_scheduling, engine.runner.graphs is not None
+    del engine  # (a reference kept here would keep the KV pool alive after shutdown)
     graphs.shutdown()
     eager = LLM(MODEL, dtype="float32", max_model_len=1024, enforce_eager=True)
     results["fp32_alone_equals_eager_sync"] = [a == e for a, e in zip(alone, run(eager, prompts, params))]
+    # the control: plain requests, eager against graphs + torch.compile (the two models' own fp32 rounding)
+    results["fp32_plain_graphs_equal_eager"] = plain_only == run(eager, plain_prompts, plain_params)
     eager.shutdown()
 
     bf16 = LLM(MODEL, max_model_len=1024)
     tok = bf16.tokenizer
     outs = bf16.generate(prompts, params, use_tqdm=False)
+    results["bf16_errors"] = [o.error for o in outs if o.error]
     ids = [o.outputs[0].token_ids for o in outs]
+    results["bf16_lengths"] = [len(t) for t in ids]
     banned = [tok.encode(w, add_special_tokens=False) for w in ("hello world", "the", " hello world", " the")]
     results["bf16_allowed_only"] = all(t in (11, 12, 13) for t in ids[5])
     results["bf16_forced_token"] = ids[4].count(17) == len(ids[4])
@@ -69,7 +74,11 @@ def main(out_path: str) -> None:
     eos = min(bf16.eos_token_ids)
     forced_eos = bf16.generate([prompts[0]], SamplingParams(temperature=0, max_tokens=30, min_tokens=7,
                                                             logit_bias={eos: 100.0}), use_tqdm=False)[0].outputs[0]
-    results["bf16_min_tokens"] = (len(forced_eos.token_ids), forced_eos.finish_reason)
+    results["bf16_min_tokens"] = (len(forced_eos.token_ids), forced_eos.finish_reason, forced_eos.token_ids[-1:],
+                                  sorted(bf16.eos_token_ids))
+    failed = bf16.generate([prompts[0]], SamplingParams(temperature=0, max_tokens=30, min_tokens=7,
+                                                        logit_bias={eos: 100.0}), use_tqdm=False)[0]
+    results["bf16_min_tokens_error"] = failed.error
     bf16.shutdown()
     print(json.dumps(results, indent=1))
     with open(out_path, "w") as f:

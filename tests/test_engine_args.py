@@ -59,3 +59,11 @@ def test_engine_args_and_settings_together_are_refused():
         LLM("tiny-qwen3", engine_args=args)
     with pytest.raises(TypeError, match="engine_args alone"):
         LLM(engine_args=args, max_num_seqs=4)
+
+
+def test_an_engine_that_cannot_be_built_raises_instead_of_failing_each_request():
+    from nanoserve import LLM
+
+    with LLM("tiny-qwen3", device="cpu", cpu_kv_cache_gib=1e-9) as llm:  # room for no KV block at all
+        with pytest.raises(ValueError, match="no memory left for the KV cache"):
+            llm.generate(["hello"], use_tqdm=False)

@@ -411,11 +411,12 @@ class LLM:
             if sp.logprobs is not None and sp.logprobs > self.max_logprobs:
                 raise ValueError(f"sampling_params {i}: logprobs {sp.logprobs} exceeds max_logprobs "
                                  f"{self.max_logprobs} (LLM(max_logprobs=...) raises the limit)")
+        engine = self.engine  # built at the first request: a failure to build it is no request's own
         outputs, seqs = [], {}
         try:
             for i, ((text, ids), sp) in enumerate(zip(encoded, params)):
                 try:
-                    first = self.engine.add_request(ids, sp)
+                    first = engine.add_request(ids, sp)
                 except ValueError as e:  # well formed, but it cannot be served: this request fails alone
                     outputs.append(RequestOutput(i, text, ids, [CompletionOutput(0, "", [], "error")], True,
                                                  f"prompt {i}: {e}"))

@@ -36,7 +36,7 @@ def process_logits(logits: torch.Tensor, seqs: list, steps: list[int], last_inpu
     rows = [i for i, s in enumerate(seqs) if s.edits_logits]
     if not rows:
         return logits
-    device, vocab = logits.device, logits.shape[-1]
+    device = logits.device
     banned, bias, allowed, counted, seen, fed = [[], []], [[], [], []], [[], []], [[], []], [[], []], []
     penalties = []  # (row, repetition, frequency, presence)
     for r, i in enumerate(rows):
