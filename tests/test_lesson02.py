@@ -198,7 +198,7 @@ def test_bad_generate_calls_fail_clearly_and_free_what_they_took(tiny):
     model, _ = tiny
     with pytest.raises(ValueError, match="no prompts"):
         generate(model, [])
-    with pytest.raises(ValueError, match="stop strings need the tokenizer"):
+    with pytest.raises(ValueError, match="stop strings and bad_words need the tokenizer"):
         generate(model, [[1, 2]], SamplingParams(stop="x"))
     with pytest.raises(ValueError, match="exceeds the model's 4096 positions"):
         generate(model, [[1, 2]], SamplingParams(max_tokens=5000))

@@ -197,3 +197,17 @@ def test_include_stop_str_and_skip_special_tokens(llm):
 def test_bad_values_are_refused_by_name(bad):
     with pytest.raises(ValueError, match=next(iter(bad))):
         SamplingParams(**bad)
+
+
+def test_stop_reason_and_num_cached_tokens(llm):
+    greedy = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    free = llm.generate([[5, 6, 7]], greedy, use_tqdm=False)[0].outputs[0]
+    by_token = llm.generate([[5, 6, 7]], greedy.clone(stop_token_ids=[free.token_ids[3]]), use_tqdm=False)[0]
+    assert by_token.outputs[0].stop_reason == free.token_ids[3] and by_token.outputs[0].finish_reason == "stop"
+    stop = free.text[4:6]
+    by_text = llm.generate([[5, 6, 7]], greedy.clone(stop=["\x00never", stop]), use_tqdm=False)[0].outputs[0]
+    assert by_text.stop_reason == stop and free.stop_reason is None
+    prompt = list(range(100, 100 + 40))  # 40 tokens: two full blocks of 16 to find again
+    first = llm.generate([prompt], greedy, use_tqdm=False)[0]
+    again = llm.generate([prompt + [1, 2]], greedy.clone(n=2, seed=1), use_tqdm=False)[0]
+    assert first.num_cached_tokens == 0 and again.num_cached_tokens == 32

@@ -202,3 +202,21 @@ def llm_engine_busy(client) -> bool:
             return False
         time.sleep(0.01)
     return True
+
+
+def test_tokenize_detokenize_version_and_ping(client, llm):
+    tok = llm.tokenizer
+    got = client.post("/tokenize", json={"model": "tiny-qwen3", "prompt": "Hello there", "return_token_strs": True})
+    ids = tok.encode("Hello there")
+    assert got.json() == {"count": len(ids), "max_model_len": llm.max_model_len, "tokens": ids,
+                          "token_strs": tok.convert_ids_to_tokens(ids)}
+    chat = client.post("/tokenize", json={"messages": CHAT}).json()
+    plain = client.post("/v1/chat/completions", json=body_for("chat/completions")).json()
+    assert chat["count"] == plain["usage"]["prompt_tokens"]  # the prompt a chat completion sees
+    assert client.post("/detokenize", json={"tokens": ids}).json() == {"prompt": tok.decode(ids)}
+    for bad, param in [({"tokens": [-1]}, "tokens"), ({"tokens": [1], "frobnicate": 1}, "frobnicate")]:
+        reply = client.post("/detokenize", json=bad)
+        assert reply.status_code == 400 and reply.json()["error"]["param"] == param, reply.text
+    both = client.post("/tokenize", json={"prompt": "a", "messages": CHAT})
+    assert both.status_code == 400
+    assert client.get("/version").json()["version"] and client.get("/ping").status_code == 200

@@ -21,6 +21,7 @@ class Detokenizer:
         self.token_ids: list[int] = []
         self.text = ""  # the text so far, cut before a stop string if one was found
         self.stopped = False
+        self.stop_str: str | None = None  # the stop string that ended the text
         self.emitted = 0  # how much of self.text add() and flush() have handed out
         self.prefix = self.read = 0  # token_ids[prefix:read]: context; token_ids[read:]: pending
         self.longest = max((len(s) for s in self.stop), default=0)
@@ -47,10 +48,10 @@ class Detokenizer:
         # A match must end in the new piece, so it starts at most longest - 1 characters before it.
         search_from = max(0, len(self.text) - self.longest + 1)
         text = self.text + piece
-        hits = [(i, len(s)) for i, s in ((text.find(s, search_from), s) for s in self.stop) if i >= 0]
+        hits = [(i, s) for i, s in ((text.find(s, search_from), s) for s in self.stop) if i >= 0]
         if hits and may_stop:
-            at, length = min(hits)
-            text, self.stopped = text[:at + length * self.include_stop], True
+            at, self.stop_str = min(hits)
+            text, self.stopped = text[:at + len(self.stop_str) * self.include_stop], True
         self.text = text
         final = len(text) if self.stopped else max(self.emitted, len(text) - max(self.longest - 1, 0))
         new, self.emitted = text[self.emitted:final], final

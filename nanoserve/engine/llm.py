@@ -35,6 +35,7 @@ class CompletionOutput:
     finish_reason: str | None  # "stop", "length", or "error"
     logprobs: list[dict[int, float]] | None = None  # per new token (SamplingParams(logprobs=k))
     cumulative_logprob: float | None = None  # the sum of the chosen tokens' log-probs (with logprobs=k)
+    stop_reason: int | str | None = None  # the stop token id or stop string that ended it (None: eos, length)
 
 
 @dataclass
@@ -45,6 +46,7 @@ class RequestOutput:
     outputs: list[CompletionOutput] = field(default_factory=list)
     finished: bool = True
     error: str | None = None
+    num_cached_tokens: int = 0  # prompt tokens found in the prefix cache (of its first completion)
 
 
 class StreamItem(tuple):
@@ -161,7 +163,8 @@ def complete_output(out: RequestOutput, seqs: list[Sequence]) -> None:
             continue
         total = sum(lp[t] for t, lp in zip(c.token_ids, seq.logprobs)) if seq.logprobs is not None else None
         out.outputs.append(CompletionOutput(seq.index, c.text or "", c.token_ids, c.finish_reason, seq.logprobs,
-                                            total))
+                                            total, c.stop_reason))
+    out.num_cached_tokens = min(seqs, key=lambda s: s.index).num_cached_tokens  # the forks never looked
     out.finished = True
 
 

@@ -14,6 +14,7 @@ class Completion:
     token_ids: list[int]
     text: str | None  # None when no tokenizer was given
     finish_reason: str  # "stop" (eos, stop token or stop string) or "length" (max_tokens)
+    stop_reason: int | str | None = None  # the stop token id or stop string that ended it (None: eos, length)
 
 
 class Request:
@@ -38,6 +39,7 @@ class Request:
         self.bad_words_ids = bad_word_ids(tokenizer, params.bad_words) if params.bad_words else []
         self.edits_logits = params.edits_logits  # asked once here, not for every sequence at every step
         self.finish_reason: str | None = None
+        self.stop_reason: int | str | None = None  # vLLM's: which stop_token_ids entry or stop string
         self.new_text = ""  # text that became final with the last token (when streaming)
 
     @property
@@ -62,6 +64,8 @@ class Request:
         self.new_text = self.detok.add(token, may_stop) if self.detok is not None else ""
         if may_stop and (token in self.stop_ids or (self.detok is not None and self.detok.stopped)):
             self.finish_reason = "stop"
+            self.stop_reason = token if token in self.params.stop_token_ids else \
+                self.detok.stop_str if self.detok is not None and self.detok.stopped else None
         elif self.num_output_tokens >= self.params.max_tokens:
             self.finish_reason = "length"
         if self.finish_reason is not None and self.detok is not None:
@@ -84,4 +88,4 @@ class Request:
             text = text.rstrip("\ufffd")
         else:
             text = None
-        return Completion(self.output_ids, text, self.finish_reason)
+        return Completion(self.output_ids, text, self.finish_reason, self.stop_reason)

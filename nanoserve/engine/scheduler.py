@@ -177,6 +177,8 @@ class Scheduler(SequenceQueues):
                 break
             self.waiting.popleft()
             seq.num_computed, seq.status = cached, SequenceStatus.RUNNING
+            if not seq.num_preemptions:
+                seq.num_cached_tokens = cached
             self.running.append(seq)
             n = min(seq.num_tokens - cached, budget)
             batch.add(seq, n)

@@ -25,6 +25,7 @@ class Sequence(Request):
         self.forks: list[Sequence] = []  # the request's other completions, until this one's prompt is computed
         self.logprobs: list[dict[int, float]] | None = [] if params.logprobs is not None else None
         self.error: str | None = None  # why it failed alone (finish_reason "error"; LLMEngine.fail)
+        self.num_cached_tokens = 0  # of its prompt, found in the prefix cache when first admitted
 
     @property
     def length(self) -> int:

@@ -28,9 +28,11 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from jinja2 import TemplateError
 from starlette.exceptions import HTTPException
 
+from nanoserve import __version__
+
 from nanoserve.serve.async_engine import AsyncEngine, EngineStopped, QueueFull, RequestFailed, RequestStream
 from nanoserve.serve.metrics import ServerMetrics
-from nanoserve.serve.protocol import BadRequest, ChatCompletionRequest, CompletionRequest, chat_logprobs, chat_response, check_limits, chunk, completion_logprobs, completion_response, error_body, message_text, new_id, parse_body, sampling_params, sse, usage
+from nanoserve.serve.protocol import BadRequest, ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest, chat_logprobs, chat_response, check_limits, chunk, completion_logprobs, completion_response, error_body, message_text, new_id, parse_body, sampling_params, sse, usage
 
 MAX_BODY_BYTES = 8 * 2**20  # 8 MiB: a prompt that fits max_model_len is far smaller, as text or as token ids
 
@@ -44,8 +46,9 @@ def error_response(status: int, type_: str, message: str, param: str | None = No
 
 
 class GuardV1:
-    """ASGI middleware in front of the /v1 routes; it runs before FastAPI reads anything. With an API key,
-    a request without it gets 401 before its body is looked at. A POST body is read up to max_body_bytes
+    """ASGI middleware in front of every route; it runs before FastAPI reads anything. With an API key, a
+    /v1 request without it gets 401 before its body is looked at (the other routes, /tokenize say, are open,
+    as vLLM's are). Any POST body is read up to max_body_bytes
     (beyond: 400, and the rest is never stored) and checked by parse_body (400 for invalid UTF-8 or JSON,
     deep nesting, text that is not valid Unicode). Then the body goes on to FastAPI unchanged, which parses
     it once more into the endpoint's model (C json and pydantic-core: milliseconds at this size)."""
@@ -55,14 +58,15 @@ class GuardV1:
         self.authorization = None if api_key is None else f"Bearer {api_key}".encode()
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] != "http" or not (scope["path"] + "/").startswith("/v1/"):
+        if scope["type"] != "http":
             return await self.app(scope, receive, send)
 
         def reply(status: int, type_: str, message: str, param: str | None = None):
             return error_response(status, type_, message, param)(scope, receive, send)
 
         given = dict(scope["headers"]).get(b"authorization", b"")
-        if self.authorization is not None and not secrets.compare_digest(given, self.authorization):
+        guarded = (scope["path"] + "/").startswith("/v1/")
+        if guarded and self.authorization is not None and not secrets.compare_digest(given, self.authorization):
             return await reply(401, "authentication_error", "invalid or missing API key")
         if scope["method"] != "POST":
             return await self.app(scope, receive, send)
@@ -237,6 +241,37 @@ def build_app(llm, model_name: str, max_waiting_requests: int = 256, api_key: st
     async def health(request: Request):
         return Response(status_code=200 if engine(request).alive else 503)
 
+    @app.get("/ping")  # vLLM's second name for /health
+    async def ping(request: Request):
+        return await health(request)
+
+    @app.get("/version")
+    async def version():
+        return {"version": __version__}
+
+    @app.post("/tokenize")
+    async def tokenize(body: TokenizeRequest):
+        """A prompt's token ids, or a conversation's through the chat template, as a completion would see them."""
+        check_model(body.model)
+        if (body.prompt is None) == (body.messages is None):
+            raise BadRequest("give a prompt or messages (one of them)", "prompt")
+        if body.prompt is not None:
+            ids = await asyncio.to_thread(tokenizer.encode, body.prompt, add_special_tokens=body.add_special_tokens)
+        else:
+            conversation = [{"role": m.role, "content": message_text(m), **({"name": m.name} if m.name else {})}
+                            for m in body.messages]
+            ids = await asyncio.to_thread(chat_prompt, conversation, body)
+        strs = tokenizer.convert_ids_to_tokens(ids) if body.return_token_strs else None
+        return {"count": len(ids), "max_model_len": llm.max_model_len, "tokens": ids, "token_strs": strs}
+
+    @app.post("/detokenize")
+    async def detokenize(body: DetokenizeRequest):
+        check_model(body.model)
+        vocab = llm.model.config.vocab_size
+        if not all(0 <= t < vocab for t in body.tokens):
+            raise BadRequest(f"tokens must be token ids in [0, {vocab})", "tokens")
+        return {"prompt": await asyncio.to_thread(tokenizer.decode, body.tokens)}
+
     @app.get("/metrics")
     async def prometheus():
         return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
@@ -278,7 +313,7 @@ def build_app(llm, model_name: str, max_waiting_requests: int = 256, api_key: st
                 logprobs = completion_logprobs(tokenizer, out.token_ids, seq.logprobs) if seq.logprobs is not None \
                     else None
                 choices.append({"index": i * body.n + seq.index, "text": out.text, "logprobs": logprobs,
-                                "finish_reason": out.finish_reason})
+                                "finish_reason": out.finish_reason, "stop_reason": out.stop_reason})
         generated = sum(len(s.output_ids) for stream in streams for s in stream.seqs)
         return completion_response(request_id, model_name, choices, sum(len(s.prompt_ids) for s in streams), generated)
 
@@ -309,7 +344,7 @@ def build_app(llm, model_name: str, max_waiting_requests: int = 256, api_key: st
             out = seq.completion()
             logprobs = chat_logprobs(tokenizer, out.token_ids, seq.logprobs, top) if seq.logprobs is not None else None
             choices.append({"index": seq.index, "message": {"role": "assistant", "content": out.text},
-                            "logprobs": logprobs, "finish_reason": out.finish_reason})
+                            "logprobs": logprobs, "finish_reason": out.finish_reason, "stop_reason": out.stop_reason})
         generated = sum(len(s.output_ids) for s in stream.seqs)
         return chat_response(request_id, model_name, choices, len(stream.prompt_ids), generated)
 

@@ -170,6 +170,23 @@ class ChatCompletionRequest(SamplingRequest):
     moderation: Any = None
 
 
+class TokenizeRequest(Strict):
+    """vLLM's /tokenize: a prompt, or chat messages through the template."""
+    model: str | None = None
+    prompt: str | None = None
+    add_special_tokens: bool = True
+    messages: list[ChatMessage] | None = None
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    chat_template_kwargs: dict | None = None
+    return_token_strs: bool = False
+
+
+class DetokenizeRequest(Strict):
+    model: str | None = None
+    tokens: list[int]
+
+
 def refuse_unsupported(request: SamplingRequest) -> None:
     """BadRequest for the first known-but-unsupported field that would do something."""
     given = [(name, getattr(request, name, None)) for name in REFUSED]
