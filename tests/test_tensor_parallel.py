@@ -312,3 +312,13 @@ def test_a_group_left_to_a_hung_abort_is_named_by_the_next_engine(models, monkey
             LLM(str(models["qwen3"]), **ENGINE, tensor_parallel_size=2)
     finally:
         dist.destroy_process_group()
+
+
+def test_a_script_without_the_main_guard_is_told_what_to_do(tmp_path):
+    """Spawned workers import the main module: one that makes a TP LLM at its top level kills them at start."""
+    script = tmp_path / "script.py"
+    script.write_text('from nanoserve import LLM\nLLM("tiny-qwen3", device="cpu", tensor_parallel_size=2)\n')
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert done.returncode != 0
+    last = done.stderr.strip().splitlines()[-1]
+    assert "died" in last and 'if __name__ == "__main__":' in last, done.stderr[-2000:]

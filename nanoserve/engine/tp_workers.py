@@ -201,7 +201,13 @@ class TPWorkers:
         self._finalizer = weakref.finalize(self, stop, self.procs, self.conns, self._wake, settled,
                                            torch.get_num_threads())
         try:
-            self.replies("hello")
+            try:
+                self.replies("hello")
+            except RuntimeError as e:  # dead before its first word: most often a script without the guard
+                raise RuntimeError(f"{e}. A worker that dies before it starts is most often a script that creates "
+                                   "the LLM at its top level: spawned workers import the main module, so create a "
+                                   "tensor-parallel LLM under `if __name__ == \"__main__\":` (the worker's own "
+                                   "error is in its stderr, above)") from e
             join_group(store, 0, size, self.device)
             group = tp_group(0, size, dtype, self.device, custom_all_reduce)
             self.model = load_model(path, dtype, self.device, import_part(self.parts["model"]), group=group,
@@ -226,9 +232,12 @@ class TPWorkers:
         out = []
         for rank, (conn, proc) in enumerate(zip(self.conns, self.procs), 1):
             multiprocessing.connection.wait([conn, proc.sentinel])
-            if not conn.poll():
+            try:
+                reply = conn.recv() if conn.poll() else None
+            except (EOFError, OSError):  # a closed pipe reads as ready: the worker is gone
+                reply = None
+            if reply is None:
                 self.fail(None)
-            reply = conn.recv()
             if reply[0] == "error":
                 self.shutdown()
                 raise RuntimeError(f"tensor-parallel worker rank {rank} failed:\n{reply[1]}")
