@@ -52,6 +52,33 @@ def _non_negative_float(text: str) -> float:
     return value
 
 
+def _model_len(text: str) -> int:
+    """vLLM's --max-model-len: an integer, or with a suffix: 2k = 2000, 2K = 2048 (m/M: 10**6 / 2**20)."""
+    scale = {"k": 1000, "K": 1024, "m": 10**6, "M": 2**20}.get(text[-1:], 1)
+    try:
+        value = round(float(text[:-1] if scale > 1 else text) * scale)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"an integer, or one like 2k (2000) or 2K (2048), got {text!r}") from None
+    return _positive_int(str(value))
+
+
+def _kv_cache_dtype(text: str) -> str:
+    if text != "auto":
+        raise argparse.ArgumentTypeError(f"only 'auto' (the model's dtype) is supported so far, got {text!r}")
+    return text
+
+
+class _Refused(argparse.Action):
+    """A vLLM flag nanoserve does not take: a usage error that says why, rather than a flag that is ignored."""
+
+    def __init__(self, option_strings, dest, why: str, nargs=0, **kwargs):
+        super().__init__(option_strings, dest, nargs=nargs, **kwargs)
+        self.why = why
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        parser.error(f"{option_string}: {self.why}")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="nanoserve", description="A Qwen3 inference engine built in notebooks.")
     parser.add_argument("--debug", action="store_true",
@@ -102,20 +129,23 @@ def add_serve_parser(sub) -> None:
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000)
     serve.add_argument("--api-key", default=None, help="require `Authorization: Bearer KEY` on /v1 routes")
-    serve.add_argument("--served-model-name", default=None, help="the model's name in the API (default: MODEL)")
+    serve.add_argument("--served-model-name", nargs="+", default=None,
+                       help="the model's name in the API (default: MODEL); one name only so far")
     serve.add_argument("--max-waiting-requests", type=_positive_int, default=256,
                        help="requests that may wait beyond the running batch; more get HTTP 503 (default 256)")
     serve.add_argument("--max-logprobs", type=_non_negative_int, default=20,
                        help="the most log-probs a request may ask for per token; more get HTTP 400 (default 20)")
-    serve.add_argument("--max-model-len", type=_positive_int, default=4096)
+    serve.add_argument("--max-model-len", type=_model_len, default=4096, help="tokens, or like 2k / 2K")
     serve.add_argument("--max-num-seqs", type=_positive_int, default=256)
     serve.add_argument("--max-num-batched-tokens", type=_positive_int, default=8192)
     serve.add_argument("--block-size", type=_positive_int, default=16)
     serve.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True)
     serve.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction, default=True)
-    serve.add_argument("--tensor-parallel-size", type=_positive_int, default=1)
+    serve.add_argument("--tensor-parallel-size", "-tp", type=_positive_int, default=1)
     serve.add_argument("--custom-all-reduce", action="store_true",
                        help="with tensor parallelism, small all-reduces by the one-shot kernel (lesson 07)")
+    serve.add_argument("--disable-custom-all-reduce", action="store_false", dest="custom_all_reduce",
+                       help="NCCL's all-reduce only (the default here; vLLM's flag)")
     serve.add_argument("--dtype", default="auto", help="auto, bfloat16, float16 or float32")
     serve.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs, no torch.compile")
     serve.add_argument("--gpu-memory-utilization", type=float, default=0.9)
@@ -124,6 +154,16 @@ def add_serve_parser(sub) -> None:
     serve.add_argument("--generation-config", default="auto",
                        help="sampling defaults: auto (the checkpoint's generation_config.json), vllm (none) or a folder")
     serve.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda if available)")
+    # vLLM's deployment flags
+    serve.add_argument("--chat-template", default=None,
+                       help="a Jinja chat template (a file, or the template itself) in place of the model's")
+    serve.add_argument("--kv-cache-dtype", type=_kv_cache_dtype, default="auto", help="auto only, so far")
+    serve.add_argument("--uvicorn-log-level", default="warning",
+                       choices=["critical", "error", "warning", "info", "debug", "trace"])
+    serve.add_argument("--disable-log-requests", "--disable-log-stats", action="store_true",
+                       help="accepted for vLLM's scripts: nanoserve logs neither requests nor periodic stats")
+    serve.add_argument("--trust-remote-code", action=_Refused,
+                       why="nanoserve never runs a checkpoint's own code (tokenizers load without it)")
 
 
 def add_bench_serve_parser(sub) -> None:
@@ -227,6 +267,9 @@ def serve(args) -> int:
     from nanoserve.serve.api_server import serve as serve_http
 
     check_device(args.device)
+    names = args.served_model_name
+    if names and len(names) > 1:
+        raise UsageError(f"--served-model-name: one name only so far, got {len(names)}")
     llm = LLM(args.model, dtype=args.dtype, max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
               max_num_batched_tokens=args.max_num_batched_tokens, block_size=args.block_size,
               enable_prefix_caching=args.enable_prefix_caching, enable_chunked_prefill=args.enable_chunked_prefill,
@@ -235,8 +278,11 @@ def serve(args) -> int:
               gpu_memory_utilization=args.gpu_memory_utilization, num_gpu_blocks_override=args.num_gpu_blocks_override,
               seed=args.seed, device=args.device, max_logprobs=args.max_logprobs,
               generation_config=args.generation_config)
-    serve_http(llm, args.served_model_name or args.model, args.host, args.port, args.max_waiting_requests,
-               args.api_key)
+    if args.chat_template is not None:  # vLLM's --chat-template: a file, or the template's text
+        path = os.path.expanduser(args.chat_template)
+        llm.tokenizer.chat_template = open(path).read() if os.path.isfile(path) else args.chat_template
+    serve_http(llm, names[0] if names else args.model, args.host, args.port, args.max_waiting_requests,
+               args.api_key, log_level=args.uvicorn_log_level)
     return 0
 
 

@@ -183,3 +183,30 @@ def test_chat_goes_through_llm_chat(monkeypatch, capsys):
     assert main(["generate", "Hi there", "--chat", "--model", "tiny-qwen3", "--max-tokens", "2"]) == 0
     assert calls == [([{"role": "user", "content": "Hi there"}], 2, False)]
     assert "[2 tokens in" in capsys.readouterr().err
+
+
+def test_vllm_serve_flags(monkeypatch, tmp_path, capsys):
+    """vLLM's deployment flags: taken with their effect, or refused by name (exit 2), never ignored."""
+    from nanoserve import cli
+    from nanoserve.serve import api_server
+
+    parse = cli.build_parser().parse_args
+    args = parse(["serve", "m", "-tp", "2", "--max-model-len", "2k", "--disable-log-requests"])
+    assert args.tensor_parallel_size == 2 and args.max_model_len == 2000
+    assert parse(["serve", "m", "--max-model-len", "2K"]).max_model_len == 2048
+    for bad, says in [(["--kv-cache-dtype", "fp8"], "only 'auto'"), (["--trust-remote-code"], "own code"),
+                      (["--max-model-len", "two"], "like 2k")]:
+        with pytest.raises(SystemExit) as stop:
+            parse(["serve", "m", *bad])
+        assert stop.value.code == 2 and says in capsys.readouterr().err
+    served = {}
+    monkeypatch.setattr(api_server, "serve", lambda llm, name, *a, **kw: served.update(llm=llm, name=name, **kw))
+    template = tmp_path / "t.jinja"
+    template.write_text("{% for m in messages %}<<{{ m['content'] }}>>{% endfor %}")
+    assert main(["serve", "tiny-qwen3", "--device", "cpu", "--served-model-name", "mine", "--chat-template",
+                 str(template), "--uvicorn-log-level", "info", "--num-gpu-blocks-override", "16"]) == 0
+    tok = served["llm"].tokenizer
+    ids = tok.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=True)
+    ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+    assert served["name"] == "mine" and served["log_level"] == "info" and tok.decode(ids) == "<<hi>>"
+    assert main(["serve", "tiny-qwen3", "--served-model-name", "a", "b"]) == 2

@@ -372,9 +372,9 @@ class Server(uvicorn.Server):
 
 
 def serve(llm, model_name: str, host: str = "127.0.0.1", port: int = 8000, max_waiting_requests: int = 256,
-          api_key: str | None = None) -> None:
+          api_key: str | None = None, log_level: str = "warning") -> None:
     """Serve until SIGINT or SIGTERM."""
     app = build_app(llm, model_name, max_waiting_requests, api_key)
-    config = uvicorn.Config(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=5)
+    config = uvicorn.Config(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5)
     print(f"nanoserve: serving {model_name} on http://{host}:{port} (Ctrl-C to stop)", flush=True)
     asyncio.run(Server(config, app).serve())
