@@ -106,6 +106,9 @@ def check_step_loop(engine_cls) -> None:
         metrics = ServerMetrics("check")
         engine_step, threads = llm.engine.step, set()
 
+        def gauge(name):
+            return metrics.registry.get_sample_value(f"nanoserve:{name}", {"model_name": "check"})
+
         def step():  # the engine's step, noting which thread runs it
             threads.add(threading.get_ident())
             return engine_step()
@@ -145,15 +148,19 @@ def check_step_loop(engine_cls) -> None:
                 # stopping with a request in flight: it ends (with an error), it is not left waiting
                 last = await _bounded(engine.add_request([6, 6], SamplingParams(max_tokens=400, ignore_eos=True)),
                                       "an added request", engine)
+                first_two = [await _bounded(anext(aiter(last)), "a token of the request in flight", engine)
+                             for _ in range(2)]
+                running = gauge("num_requests_running")  # as the loop saw it at its last turn: 1
                 engine.stop()
                 try:
                     await _bounded(_collect(last, 1), "the end of a request in flight at stop()", engine, 10)
+                    del first_two
                     stopped = None
                 except AssertionError:
                     raise
                 except Exception as e:  # noqa: BLE001
                     stopped = e
-                return (got, left, mapped, asks[0], loop_thread, doomed_error, after_got, stopped)
+                return (got, left, mapped, asks[0], loop_thread, doomed_error, after_got, stopped, running)
             except Exception as e:  # a request failed because the step loop died: show why it died
                 died = _loop_error(engine)
                 if died is not None and "injected by the check" in str(died):
@@ -166,7 +173,7 @@ def check_step_loop(engine_cls) -> None:
         server_log = logging.getLogger("nanoserve.serve")
         server_log.disabled = True  # the step the check fails on purpose would print its traceback
         try:
-            got, left, mapped, asks, loop_thread, doomed_error, after_got, stopped = _run(main)
+            got, left, mapped, asks, loop_thread, doomed_error, after_got, stopped, running = _run(main)
         finally:
             server_log.disabled = False
     if loop_thread in threads:
@@ -207,6 +214,13 @@ def check_step_loop(engine_cls) -> None:
     if stopped is None:
         raise AssertionError("a request in flight at stop() finished all 400 tokens: once self.stopping, the loop "
                              "ends, and every request still held fails (self._fail_all)")
+    if running != 1:
+        raise AssertionError(f"while one request ran, the gauge of running requests said {running}: report the "
+                             f"gauges (self._report) on every turn of the loop")
+    left_over = {name: gauge(name) for name in ("num_requests_running", "num_requests_waiting")}
+    if any(left_over.values()):
+        raise AssertionError(f"after the loop ended, the gauges still show {left_over}: report them "
+                             f"(self._report) once more as it ends")
     lengths = [len(c.token_ids) for out in outs[:-1] for c in out.outputs] + [len(outs[-1].outputs[0].token_ids)]
 
     def sample(name, **labels):

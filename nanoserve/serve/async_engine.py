@@ -155,8 +155,7 @@ class AsyncEngine:
                     self._fail_step(e)
                     continue
                 self.router.route(outputs)
-        finally:
-            self.stopping = True
+        finally:  # (no await in here: nobody can add a request while it runs)
             self._fail_all(EngineStopped("the server is shutting down"))
             self._report()
 
