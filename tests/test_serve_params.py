@@ -220,3 +220,9 @@ def test_tokenize_detokenize_version_and_ping(client, llm):
     both = client.post("/tokenize", json={"prompt": "a", "messages": CHAT})
     assert both.status_code == 400
     assert client.get("/version").json()["version"] and client.get("/ping").status_code == 200
+
+
+def test_vllms_request_id_names_the_response(client):
+    for endpoint, prefix in (("completions", "cmpl-"), ("chat/completions", "chatcmpl-")):
+        reply = client.post(f"/v1/{endpoint}", json={**body_for(endpoint), "request_id": "abc"}).json()
+        assert reply["id"] == f"{prefix}abc"

@@ -32,7 +32,7 @@ from nanoserve import __version__
 
 from nanoserve.serve.async_engine import AsyncEngine, EngineStopped, QueueFull, RequestFailed, RequestStream
 from nanoserve.serve.metrics import ServerMetrics
-from nanoserve.serve.protocol import BadRequest, ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest, chat_logprobs, chat_response, check_limits, chunk, completion_logprobs, completion_response, error_body, message_text, new_id, parse_body, sampling_params, sse, usage
+from nanoserve.serve.protocol import BadRequest, ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest, chat_logprobs, chat_response, check_limits, chunk, completion_logprobs, completion_response, conversation, error_body, new_id, parse_body, sampling_params, sse, usage
 
 MAX_BODY_BYTES = 8 * 2**20  # 8 MiB: a prompt that fits max_model_len is far smaller, as text or as token ids
 
@@ -161,17 +161,17 @@ def build_app(llm, model_name: str, max_waiting_requests: int = 256, api_key: st
         if name is not None and name != model_name:
             raise ModelNotFound(f"model {name!r} is not served here; this server serves {model_name!r}")
 
-    def chat_prompt(conversation: list[dict], body) -> list[int]:
-        """The conversation through the model's chat template, as token ids (Qwen3's thinking off unless the
+    def chat_prompt(turns: list[dict], body) -> list[int]:
+        """The turns through the model's chat template, as token ids (Qwen3's thinking off unless the
         request's chat_template_kwargs say otherwise)."""
         if body.continue_final_message and body.add_generation_prompt:
             raise BadRequest("continue_final_message needs add_generation_prompt: false", "continue_final_message")
-        if body.continue_final_message and conversation[-1]["role"] != "assistant":
+        if body.continue_final_message and turns[-1]["role"] != "assistant":
             raise BadRequest("continue_final_message continues an assistant message: the last message must be one",
                              "continue_final_message")
         kwargs = {"enable_thinking": False, **(body.chat_template_kwargs or {})}
         try:
-            ids = tokenizer.apply_chat_template(conversation, add_generation_prompt=body.add_generation_prompt,
+            ids = tokenizer.apply_chat_template(turns, add_generation_prompt=body.add_generation_prompt,
                                                 continue_final_message=body.continue_final_message, tokenize=True,
                                                 **kwargs)
         except TemplateError as e:  # the template refuses these messages (some want a user turn, say)
@@ -258,9 +258,7 @@ def build_app(llm, model_name: str, max_waiting_requests: int = 256, api_key: st
         if body.prompt is not None:
             ids = await asyncio.to_thread(tokenizer.encode, body.prompt, add_special_tokens=body.add_special_tokens)
         else:
-            conversation = [{"role": m.role, "content": message_text(m), **({"name": m.name} if m.name else {})}
-                            for m in body.messages]
-            ids = await asyncio.to_thread(chat_prompt, conversation, body)
+            ids = await asyncio.to_thread(chat_prompt, conversation(body.messages), body)
         strs = tokenizer.convert_ids_to_tokens(ids) if body.return_token_strs else None
         return {"count": len(ids), "max_model_len": llm.max_model_len, "tokens": ids, "token_strs": strs}
 
@@ -296,7 +294,7 @@ def build_app(llm, model_name: str, max_waiting_requests: int = 256, api_key: st
             for prompt in prompts:  # seconds for a long prompt: encoded in a thread, as other streams go on
                 ids = await asyncio.to_thread(tokenizer.encode, prompt) if isinstance(prompt, str) else prompt
                 streams.append(await start(request, ids, params, stream_text=body.stream))
-            request_id = new_id("cmpl")
+            request_id = f"cmpl-{body.request_id}" if body.request_id else new_id("cmpl")  # vLLM's request_id
             if body.stream:
                 include_usage = body.stream_options is not None and body.stream_options.include_usage
                 return streaming(events(streams[0], request_id, False, include_usage))
@@ -326,15 +324,13 @@ def build_app(llm, model_name: str, max_waiting_requests: int = 256, api_key: st
         top = body.top_logprobs or 0
         if body.top_logprobs is not None and not body.logprobs:
             raise BadRequest("top_logprobs needs logprobs: true", "top_logprobs")
-        conversation = [{"role": m.role, "content": message_text(m), **({"name": m.name} if m.name else {})}
-                        for m in body.messages]
-        prompt_ids = await asyncio.to_thread(chat_prompt, conversation, body)  # renders and tokenises: in a thread
+        prompt_ids = await asyncio.to_thread(chat_prompt, conversation(body.messages), body)  # renders and tokenises: in a thread
         max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
         params = sampling_params(body, max_tokens, top if body.logprobs else None,
                                  default_max_tokens=None,  # None: what max_model_len leaves (the engine's)
                                  defaults=sampling_defaults)
         stream = await start(request, prompt_ids, params, stream_text=body.stream)
-        request_id = new_id("chatcmpl")
+        request_id = f"chatcmpl-{body.request_id}" if body.request_id else new_id("chatcmpl")
         if body.stream:
             include_usage = body.stream_options is not None and body.stream_options.include_usage
             return streaming(events(stream, request_id, True, include_usage))

@@ -114,7 +114,7 @@ class SamplingRequest(Strict):
     prompt_cache_retention: str | None = None
     prompt_cache_options: dict | None = None
     safety_identifier: str | None = None
-    request_id: str | None = None
+    request_id: str | None = None  # vLLM's: the response's id, "cmpl-<request_id>"
     prediction: dict | None = None  # predicted output: a speed hint, the output is the same without it
     # Known, refused unless they hold the value at which they do nothing (REFUSED, DOES_NOTHING)
     best_of: int | None = None
@@ -147,14 +147,18 @@ class ChatMessage(Strict):
     name: str | None = None  # the chat template renders it, if it knows how
 
 
-class ChatCompletionRequest(SamplingRequest):
+class ChatTemplateOptions(Strict):
+    """How messages go through the chat template (chat completions and /tokenize)."""
+    chat_template_kwargs: dict | None = None  # e.g. {"enable_thinking": true} for Qwen3 (off by default)
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False  # the last (assistant) message is continued, not closed
+
+
+class ChatCompletionRequest(SamplingRequest, ChatTemplateOptions):
     messages: list[ChatMessage]
     max_completion_tokens: int | None = None  # the newer name of max_tokens
     logprobs: bool = False
     top_logprobs: int | None = None
-    chat_template_kwargs: dict | None = None  # e.g. {"enable_thinking": true} for Qwen3 (off by default)
-    add_generation_prompt: bool = True
-    continue_final_message: bool = False  # the last (assistant) message is continued, not closed
     parallel_tool_calls: bool | None = None  # about tools, which are refused: nothing to change
     tools: Any = None
     tool_choice: Any = None
@@ -170,15 +174,12 @@ class ChatCompletionRequest(SamplingRequest):
     moderation: Any = None
 
 
-class TokenizeRequest(Strict):
+class TokenizeRequest(ChatTemplateOptions):
     """vLLM's /tokenize: a prompt, or chat messages through the template."""
     model: str | None = None
     prompt: str | None = None
     add_special_tokens: bool = True
     messages: list[ChatMessage] | None = None
-    add_generation_prompt: bool = True
-    continue_final_message: bool = False
-    chat_template_kwargs: dict | None = None
     return_token_strs: bool = False
 
 
@@ -259,6 +260,11 @@ def check_limits(request: SamplingRequest, max_logprobs: int) -> None:
     asked = getattr(request, name)
     if asked is not None and not 0 <= asked <= max_logprobs:
         raise BadRequest(f"{name} must be in [0, {max_logprobs}] (the server's max_logprobs), got {asked}", name)
+
+
+def conversation(messages: list[ChatMessage]) -> list[dict]:
+    """The messages as the chat template takes them: role, text, and the name if there is one."""
+    return [{"role": m.role, "content": message_text(m), **({"name": m.name} if m.name else {})} for m in messages]
 
 
 def message_text(message: ChatMessage) -> str:
