@@ -115,9 +115,9 @@ class BlockManager(BlockPool):
         self.block_tables[child], self.num_tokens[child] = table, num_tokens
         return copy
 
-    def allocate_prompt(self, seq_id, prompt_ids: list[int]) -> int:
+    def allocate_prompt(self, seq_id, prompt_ids: list[int], reuse: bool = True) -> int:
         """Blocks for a new sequence's whole prompt; returns how many of its tokens are already cached:
-        none here (lesson 04's manager shares cached blocks)."""
+        none here (lesson 04's manager shares cached blocks, unless reuse=False)."""
         self.allocate(seq_id, len(prompt_ids))
         return 0
 

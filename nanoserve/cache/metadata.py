@@ -17,7 +17,8 @@ class StepMetadata:
     block_tables: torch.Tensor  # [num_seqs, max_blocks] each sequence's blocks in order (-1: none)
     context_lens: torch.Tensor  # [num_seqs] tokens in the cache once this step has stored its K/V
     cu_seqlens_q: torch.Tensor  # [num_seqs + 1] where each sequence's new tokens start in the flat batch
-    sample_rows: torch.Tensor  # [num_sampled] rows of the hidden states whose logits are sampled
+    sample_rows: torch.Tensor  # [num_sampled] rows of the hidden states whose logits are sampled (then any
+    # rows that score prompt tokens: lesson 05's prompt_logprobs)
     is_decode: bool  # every sequence brings exactly one new token
     # Known on the host as Python ints: reading them from GPU tensors would cost a sync in every layer.
     max_context_len: int
@@ -34,7 +35,8 @@ class StepMetadataBuilder:
     def __init__(self, max_num_tokens: int, max_num_seqs: int, max_blocks_per_seq: int, device="cpu"):
         self.device = torch.device(device)
         self.sizes = {"input_ids": max_num_tokens, "positions": max_num_tokens, "slot_mapping": max_num_tokens,
-                      "context_lens": max_num_seqs, "cu_seqlens_q": max_num_seqs + 1, "sample_rows": max_num_seqs,
+                      "context_lens": max_num_seqs, "cu_seqlens_q": max_num_seqs + 1,
+                      "sample_rows": max_num_seqs + max_num_tokens,
                       "feed_rows": max_num_seqs, "feed_from": max_num_seqs, "block_tables": max_num_seqs * max_blocks_per_seq}
         on_gpu = self.device.type == "cuda"
         self.hosts = [torch.zeros(sum(self.sizes.values()), dtype=torch.int32, pin_memory=on_gpu)
@@ -59,12 +61,13 @@ class StepMetadataBuilder:
         return self.views[self.turn]
 
     def build(self, cache, seqs: list[tuple[int, int, list[int]]], sample: list[bool] | None = None,
-              pad_to: int | None = None, feed: list[tuple[int, int]] = ()) -> StepMetadata:
+              pad_to: int | None = None, feed: list[tuple[int, int]] = (), scored: list[int] = ()) -> StepMetadata:
         """seqs: (seq_id, start, new token ids) per sequence: its K/V are cached up to `start`, and its new
         tokens sit at positions start, start + 1, ... . sample[i]: does sequence i get a token (default: all).
         pad_to: a decode step padded with idle rows up to this many sequences (lesson 06's graphs).
         feed: (row, i) pairs: the token at this row is the one the previous step sampled at its row i (the
-        runner copies it there on the device: async scheduling)."""
+        runner copies it there on the device: async scheduling). scored: more rows whose logits the step
+        computes, after the sampled ones (prompt tokens being scored: lesson 05's prompt_logprobs)."""
         self.next_buffer()
         h, d, num_seqs = self.h, self.d, len(seqs)
         num_new = np.array([len(tokens) for _, _, tokens in seqs], dtype=np.int64)
@@ -91,9 +94,10 @@ class StepMetadataBuilder:
         bs = cache.block_size
         h["slot_mapping"][:num_tokens] = tables[seq_of_token, positions // bs] * bs + positions % bs
         sampled = cu[1:][np.array(sample, dtype=bool)] - 1 if sample is not None else cu[1:] - 1
-        h["sample_rows"][:len(sampled)] = sampled
+        h["sample_rows"][:len(sampled)], h["sample_rows"][len(sampled):len(sampled) + len(scored)] = sampled, scored
         h["feed_rows"][:len(feed)], h["feed_from"][:len(feed)] = [r for r, _ in feed], [i for _, i in feed]
-        meta = StepMetadata(*self._views(num_tokens, num_seqs, len(sampled), width), bool((num_new == 1).all()),
+        meta = StepMetadata(*self._views(num_tokens, num_seqs, len(sampled) + len(scored), width),
+                            bool((num_new == 1).all()),
                             int((starts + num_new).max()), int(num_new.max()), len(feed))
         if pad_to is not None:  # idle rows: token 0 at position 0, K/V written nowhere, an empty context
             self.pad(num_seqs, pad_to)

@@ -20,7 +20,7 @@ class BlockAllocator(Protocol):
     num_tokens: dict  # seq_id -> tokens with a slot
     block_tables: dict  # seq_id -> its blocks, in order
 
-    def allocate_prompt(self, seq_id, prompt_ids: list[int]) -> int: ...
+    def allocate_prompt(self, seq_id, prompt_ids: list[int], reuse: bool = True) -> int: ...
     def can_append(self, seq_id, n: int = 1) -> bool: ...
     def append(self, seq_id, n: int = 1) -> list[int]: ...
     def commit(self, seq_id, token_ids: list[int], num_computed: int) -> None: ...
@@ -51,9 +51,9 @@ class PagedKVCache:
     def nbytes(self) -> int:
         return self.k_cache.nbytes + self.v_cache.nbytes
 
-    def reserve(self, seq_id: int, prompt_ids: list[int]) -> int:
+    def reserve(self, seq_id: int, prompt_ids: list[int], reuse: bool = True) -> int:
         """Blocks for a new sequence's prompt; returns how many of its tokens are already cached."""
-        return self.block_manager.allocate_prompt(seq_id, prompt_ids)
+        return self.block_manager.allocate_prompt(seq_id, prompt_ids, reuse)
 
     def grow(self, seq_id: int, num_tokens: int) -> bool:
         """Slots for the sequence's first num_tokens tokens; False (nothing taken) if blocks are short."""

@@ -80,10 +80,11 @@ class PrefixCachingBlockManager(BlockManager):
             parent = h
         return hits
 
-    def allocate_prompt(self, seq_id, prompt_ids: list[int]) -> int:
-        """Blocks for a new sequence's prompt, sharing cached ones; returns the number of cached tokens."""
+    def allocate_prompt(self, seq_id, prompt_ids: list[int], reuse: bool = True) -> int:
+        """Blocks for a new sequence's prompt, sharing cached ones (reuse=False: none, for a request that
+        scores every prompt token); returns the number of cached tokens."""
         self._check_new(seq_id, len(prompt_ids))
-        hits = self.cached_prefix(prompt_ids)
+        hits = self.cached_prefix(prompt_ids) if reuse else []
         needed = self.blocks_for(len(prompt_ids)) - len(hits)
         reusable = sum(1 for b in hits if b in self.evictable)  # counted as free, but we are keeping them
         if needed > self.num_free - reusable:

@@ -14,8 +14,9 @@ class KVCache(Protocol):
 
     block_size: int  # tokens per block (a contiguous cache: one block of max_len per sequence)
 
-    def reserve(self, seq_id: int, prompt_ids: list[int]) -> int:
-        """Room for a new sequence's prompt; returns how many leading tokens already have their K/V."""
+    def reserve(self, seq_id: int, prompt_ids: list[int], reuse: bool = True) -> int:
+        """Room for a new sequence's prompt; returns how many leading tokens already have their K/V (none
+        with reuse=False: a request that scores its prompt computes every token)."""
 
     def grow(self, seq_id: int, num_tokens: int) -> bool:
         """Room for the sequence's first num_tokens tokens; False, changing nothing, if the pool is short now."""

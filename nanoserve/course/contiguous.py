@@ -27,7 +27,7 @@ class ContiguousKVCache:
     def nbytes(self) -> int:
         return self.k_cache.nbytes + self.v_cache.nbytes
 
-    def reserve(self, seq_id: int, prompt_ids: list[int]) -> int:
+    def reserve(self, seq_id: int, prompt_ids: list[int], reuse: bool = True) -> int:
         """Room for a new sequence's prompt; returns how many of its tokens are already cached. A row is
         reserved up front and starts empty: always 0 (lesson 04 returns more)."""
         if not 0 <= seq_id < self.max_seqs:

@@ -32,6 +32,8 @@ def generate(model: Qwen3ForCausalLM, prompts: list[list[int]],
     seeder = torch.Generator().manual_seed(seed)
     requests = []
     for i, (p, sp) in enumerate(zip(prompts, params)):
+        if sp.prompt_logprobs is not None:
+            raise ValueError(f"prompt {i}: prompt_logprobs needs the engine (lesson 05): this loop scores no prompt")
         seed = sp.seed if sp.seed is not None else int(torch.randint(2**62, (1,), generator=seeder))
         try:
             requests.append(Request(i, p, sp, seed, set(eos_token_ids), tokenizer))

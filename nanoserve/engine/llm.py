@@ -47,6 +47,7 @@ class RequestOutput:
     finished: bool = True
     error: str | None = None
     num_cached_tokens: int = 0  # prompt tokens found in the prefix cache (of its first completion)
+    prompt_logprobs: list[dict[int, float] | None] | None = None  # per prompt token (SamplingParams(prompt_logprobs=k))
 
 
 class StreamItem(tuple):
@@ -164,7 +165,8 @@ def complete_output(out: RequestOutput, seqs: list[Sequence]) -> None:
         total = sum(lp[t] for t, lp in zip(c.token_ids, seq.logprobs)) if seq.logprobs is not None else None
         out.outputs.append(CompletionOutput(seq.index, c.text or "", c.token_ids, c.finish_reason, seq.logprobs,
                                             total, c.stop_reason))
-    out.num_cached_tokens = min(seqs, key=lambda s: s.index).num_cached_tokens  # the forks never looked
+    first = min(seqs, key=lambda s: s.index)
+    out.num_cached_tokens, out.prompt_logprobs = first.num_cached_tokens, first.prompt_logprobs  # forks never look
     out.finished = True
 
 
@@ -411,9 +413,10 @@ class LLM:
         for i, sp in enumerate(params):
             if not isinstance(sp, SamplingParams):
                 raise TypeError(f"sampling_params {i}: expected SamplingParams, got {type(sp).__name__}")
-            if sp.logprobs is not None and sp.logprobs > self.max_logprobs:
-                raise ValueError(f"sampling_params {i}: logprobs {sp.logprobs} exceeds max_logprobs "
-                                 f"{self.max_logprobs} (LLM(max_logprobs=...) raises the limit)")
+            for name in ("logprobs", "prompt_logprobs"):
+                if getattr(sp, name) is not None and getattr(sp, name) > self.max_logprobs:
+                    raise ValueError(f"sampling_params {i}: {name} {getattr(sp, name)} exceeds max_logprobs "
+                                     f"{self.max_logprobs} (LLM(max_logprobs=...) raises the limit)")
         engine = self.engine  # built at the first request: a failure to build it is no request's own
         outputs, seqs = [], {}
         try:

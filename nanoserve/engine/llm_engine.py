@@ -7,7 +7,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from nanoserve.cache.paged import PagedKVCache
-from nanoserve.engine.model_runner import LaunchedStep, ModelRunner
+from nanoserve.engine.model_runner import LaunchedStep, ModelRunner, read_prompt_logprobs
 from nanoserve.engine.sampling_params import SamplingParams
 from nanoserve.engine.scheduler import ScheduledBatch, Scheduler
 from nanoserve.engine.sequence import Sequence, SequenceStatus, completion_seed
@@ -71,8 +71,10 @@ class LLMEngine:
                 raise ValueError(f"a prompt of {len(prompt_ids)} tokens leaves no room for max_tokens=None within "
                                  f"max_model_len {self.max_model_len}")
             params = params.clone(max_tokens=self.max_model_len - len(prompt_ids))
-        if params.logprobs is not None and params.logprobs > self.max_logprobs:
-            raise ValueError(f"logprobs {params.logprobs} exceeds max_logprobs {self.max_logprobs} (an LLM argument)")
+        for name in ("logprobs", "prompt_logprobs"):
+            if getattr(params, name) is not None and getattr(params, name) > self.max_logprobs:
+                raise ValueError(f"{name} {getattr(params, name)} exceeds max_logprobs {self.max_logprobs} "
+                                 f"(an LLM argument)")
         if len(prompt_ids) + params.max_tokens > self.max_model_len:
             raise ValueError(f"prompt of {len(prompt_ids)} tokens + max_tokens {params.max_tokens} exceeds "
                              f"max_model_len {self.max_model_len}")
@@ -146,6 +148,9 @@ class LLMEngine:
         "error"; the others go on. A sequence that finished (or was aborted) since the step was launched
         drops its row."""
         out, batch = [], launched.batch
+        for seq, first, entries in read_prompt_logprobs(launched):  # prompt_logprobs, before any can finish
+            if seq.status is not SequenceStatus.FINISHED:
+                seq.add_prompt_logprobs(first, entries)
         for i, (seq, token, lp) in enumerate(zip(batch.seqs, tokens, logprobs)):
             if seq.status is SequenceStatus.FINISHED:
                 continue

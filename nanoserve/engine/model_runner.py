@@ -34,6 +34,7 @@ class LaunchedStep:
     host: torch.Tensor | None  # their copy on the host, valid once `done` has passed
     logprobs: tuple | None  # device tensors of the top log-probs of the rows that asked (top_logprobs)
     done: torch.cuda.Event | None  # None on a CPU: everything ran already
+    scored: tuple | None = None  # prompt_logprobs: (spans, device tensors) of the prompt tokens it scored
 
 
 class ModelRunner:
@@ -55,18 +56,26 @@ class ModelRunner:
         """Queue the step on the device and return without waiting for it. feed: the step before, whose
         sampled tokens are this step's placeholders (async scheduling)."""
         step, sampled = prepare_inputs(batch), [s for s, x in zip(batch.seqs, batch.sampled) if x]
-        size = self.graphs.size_for(batch) if self.graphs is not None else None  # graph or eager: decided here
-        meta = self.builder.build(self.cache, step, batch.sampled, pad_to=size, feed=feed_rows(batch, step, feed))
-        logits = self.forward(meta, size, batch.copies, feed)[:len(sampled)]
+        rows, targets, spans = scored_prompt_rows(batch)  # prompt_logprobs: more rows of logits (eager steps)
+        # graph or eager: decided here
+        size = self.graphs.size_for(batch) if self.graphs is not None and not rows else None
+        meta = self.builder.build(self.cache, step, batch.sampled, pad_to=size, feed=feed_rows(batch, step, feed),
+                                  scored=rows)
+        logits = self.forward(meta, size, batch.copies, feed)
+        scored = None
+        if rows:
+            k = max(seq.params.prompt_logprobs for seq, _, _ in spans)
+            scored = spans, score_prompt(logits[len(sampled):len(sampled) + len(rows)], targets, k)
+        logits = logits[:len(sampled)]
         if not sampled:
-            return LaunchedStep(batch, None, None, None, None)
+            return LaunchedStep(batch, None, None, None, None, scored)
         steps = [s.num_output_tokens + s.num_placeholders - 1 for s in sampled]  # tokens drawn before this one
         processed = process_logits(logits, sampled, steps, lambda: meta.input_ids[meta.sample_rows[:len(sampled)]])
         tokens = self.sampler(processed, [s.params for s in sampled], [s.seed for s in sampled], steps)
         logprobs = top_logprobs(logits, tokens, [s.params.logprobs for s in sampled])  # the model's, as vLLM's
         host, self.turn = self.host_tokens[self.turn][:len(sampled)], self.turn ^ 1
         host.copy_(tokens, non_blocking=True)
-        return LaunchedStep(batch, tokens, host, logprobs, record_event(tokens))
+        return LaunchedStep(batch, tokens, host, logprobs, record_event(tokens), scored)
 
     def forward(self, meta: StepMetadata, size: int | None, copies=(), feed: LaunchedStep | None = None) -> torch.Tensor:
         """Logits of the step's sampled rows (a graph's: of all its rows). The workers (lesson 07) are sent the
@@ -122,6 +131,54 @@ def feed_rows(batch: ScheduledBatch, step: list, feed: LaunchedStep | None) -> l
             rows.append((first + seq.num_tokens - start, row_of[id(seq)]))
         first += len(ids)
     return rows
+
+
+def scored_prompt_rows(batch: ScheduledBatch) -> tuple[list[int], list[int], list[tuple]]:
+    """prompt_logprobs: the rows of this step whose logits score prompt tokens (the logits at position p
+    score token p + 1), the tokens they score, and (sequence, first token scored, count) per sequence."""
+    rows, targets, spans, first = [], [], [], 0
+    for seq, start, n in zip(batch.seqs, batch.starts, batch.num_new):
+        if seq.scores_prompt:
+            lo, hi = max(start, len(seq.prompt_logprobs) - 1), min(start + n, seq.num_prompt_tokens - 1)
+            if lo < hi:
+                rows += range(first + lo - start, first + hi - start)
+                targets += seq.token_ids[lo + 1:hi + 1]
+                spans.append((seq, lo + 1, hi - lo))
+        first += n
+    return rows, targets, spans
+
+
+def score_prompt(logits: torch.Tensor, targets: list[int], k: int, chunk: int = 1024) -> tuple:
+    """On the device, for each row: the log-prob and rank of its target token, and the top k log-probs,
+    from the model's raw distribution. A chunk of rows at a time: a long prompt's logits in float32 would
+    be gigabytes."""
+    target = torch.tensor(targets, device=logits.device)
+    out = []
+    for i in range(0, logits.shape[0], chunk):
+        logprobs = logits[i:i + chunk].float().log_softmax(dim=-1)
+        top = logprobs.topk(min(k, logprobs.shape[-1]), dim=-1)
+        chosen = logprobs.gather(1, target[i:i + chunk, None])
+        out.append((top.values, top.indices, chosen[:, 0], (logprobs > chosen).sum(dim=-1) + 1))
+    return tuple(torch.cat(parts) for parts in zip(*out))
+
+
+def read_prompt_logprobs(launched: LaunchedStep) -> list[tuple]:
+    """(sequence, first prompt token, its entries: {token: Logprob}) per sequence the step scored, once the
+    step is done: the k likeliest tokens and the prompt's own."""
+    if launched.scored is None:
+        return []
+    spans, computed = launched.scored
+    values, indices, chosen, ranks = (t.tolist() for t in computed)
+    out, row = [], 0
+    for seq, first, count in spans:
+        k, entries = seq.params.prompt_logprobs, []
+        for r in range(row, row + count):
+            entry = {t: Logprob(v, j + 1) for j, (t, v) in enumerate(zip(indices[r][:k], values[r][:k]))}
+            entry[seq.token_ids[first + r - row]] = Logprob(chosen[r], ranks[r])
+            entries.append(entry)
+        out.append((seq, first, entries))
+        row += count
+    return out
 
 
 def record_event(tensor: torch.Tensor) -> torch.cuda.Event | None:

@@ -22,6 +22,7 @@ class SamplingParams:
     ignore_eos: bool = False  # keep going past the end-of-sequence token (benchmarks)
     n: int = 1  # completions of the prompt (the engine shares the prompt's KV blocks among them)
     logprobs: int | None = None  # also return each new token's log-probability and the top-k of its step
+    prompt_logprobs: int | None = None  # each prompt token's log-probability (and the top-k there): the engine's
     # Edits of the logits before the draw (engine/logits_processors.py), as vLLM defines them:
     presence_penalty: float = 0.0  # minus this for every token the output has used (OpenAI's, in [-2, 2])
     frequency_penalty: float = 0.0  # minus this times how often the output has used the token ([-2, 2])
@@ -67,6 +68,7 @@ class SamplingParams:
             bad(f"min_tokens ({self.min_tokens}) must be at most max_tokens ({self.max_tokens})")
         integer("n", 1)
         integer("logprobs", 0, none_ok=True)
+        integer("prompt_logprobs", 0, none_ok=True)
         if self.truncate_prompt_tokens != -1:
             integer("truncate_prompt_tokens", 1, none_ok=True)
         for name in ("include_stop_str_in_output", "ignore_eos", "skip_special_tokens"):

@@ -61,6 +61,14 @@ class SequenceQueues:
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
 
+    def reserve(self, seq: Sequence) -> int:
+        """Blocks for a waiting sequence's tokens; returns how many are cached already (prefix caching), or
+        raises OutOfBlocks. One that scores its prompt (prompt_logprobs) computes every prompt token: its
+        logits are the score, so it takes no cached blocks."""
+        if seq.scores_prompt:
+            return self.cache.reserve(seq.seq_id, seq.token_ids, reuse=False)
+        return self.cache.reserve(seq.seq_id, seq.token_ids)
+
     def preempt(self, seq: Sequence) -> None:
         """Take a running sequence's blocks back; it waits at the front of the queue to be recomputed."""
         self.cache.release(seq.seq_id)
@@ -172,7 +180,7 @@ class Scheduler(SequenceQueues):
             if seq.num_placeholders or (not self.chunked and not seq.num_preemptions and seq.num_tokens > budget):
                 break
             try:
-                cached = self.cache.reserve(seq.seq_id, seq.token_ids)  # prefix caching: skip what is cached
+                cached = self.reserve(seq)  # prefix caching: skip what is cached
             except OutOfBlocks:
                 break
             self.waiting.popleft()

@@ -26,6 +26,20 @@ class Sequence(Request):
         self.logprobs: list[dict[int, float]] | None = [] if params.logprobs is not None else None
         self.error: str | None = None  # why it failed alone (finish_reason "error"; LLMEngine.fail)
         self.num_cached_tokens = 0  # of its prompt, found in the prefix cache when first admitted
+        # prompt_logprobs: an entry per prompt token, as steps compute them (the first token has none). The
+        # request's first completion scores the prompt; the others start from its computed prompt.
+        self.prompt_logprobs = [None] if params.prompt_logprobs is not None and index == 0 else None
+
+    @property
+    def scores_prompt(self) -> bool:
+        """Are some of its prompt tokens still to be scored (prompt_logprobs)?"""
+        return self.prompt_logprobs is not None and len(self.prompt_logprobs) < self.num_prompt_tokens
+
+    def add_prompt_logprobs(self, first: int, entries: list) -> None:
+        """The entries of prompt tokens first, first + 1, ... as a step computed them; those it has already
+        (a prompt recomputed after a preemption) are skipped."""
+        if first <= len(self.prompt_logprobs):
+            self.prompt_logprobs += entries[len(self.prompt_logprobs) - first:]
 
     @property
     def length(self) -> int:

@@ -32,7 +32,7 @@ from nanoserve import __version__
 
 from nanoserve.serve.async_engine import AsyncEngine, EngineStopped, QueueFull, RequestFailed, RequestStream
 from nanoserve.serve.metrics import ServerMetrics
-from nanoserve.serve.protocol import BadRequest, ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest, chat_logprobs, chat_response, check_limits, chunk, completion_logprobs, completion_response, conversation, error_body, new_id, parse_body, sampling_params, sse, usage
+from nanoserve.serve.protocol import BadRequest, ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest, chat_logprobs, chat_response, check_limits, chunk, completion_logprobs, completion_response, conversation, error_body, new_id, parse_body, prompt_logprobs_json, sampling_params, sse, usage
 
 MAX_BODY_BYTES = 8 * 2**20  # 8 MiB: a prompt that fits max_model_len is far smaller, as text or as token ids
 
@@ -262,6 +262,13 @@ def build_app(llm, model_name: str, max_waiting_requests: int = 256, api_key: st
         strs = tokenizer.convert_ids_to_tokens(ids) if body.return_token_strs else None
         return {"count": len(ids), "max_model_len": llm.max_model_len, "tokens": ids, "token_strs": strs}
 
+    @app.get("/tokenizer_info")
+    async def tokenizer_info():
+        """vLLM's: what a client needs to tokenise as the server does (lm-eval's remote tokenizer asks)."""
+        return {"tokenizer_class": type(tokenizer).__name__, "model_max_length": llm.max_model_len,
+                "chat_template": getattr(tokenizer, "chat_template", None),
+                **{name: getattr(tokenizer, name, None) for name in ("bos_token", "eos_token", "pad_token", "unk_token")}}
+
     @app.post("/detokenize")
     async def detokenize(body: DetokenizeRequest):
         check_model(body.model)
@@ -287,12 +294,17 @@ def build_app(llm, model_name: str, max_waiting_requests: int = 256, api_key: st
             else [body.prompt]  # a batch: a list of strings, or of token-id lists
         if body.stream and len(prompts) > 1:
             raise BadRequest("prompt: a batch of prompts cannot be streamed yet; send them one per request", "prompt")
+        if body.echo and body.stream:
+            raise BadRequest("echo cannot be streamed yet: send it with stream: false", "echo")
         params = sampling_params(body, body.max_tokens, body.logprobs, default_max_tokens=16,
                                  defaults=sampling_defaults)
-        streams = []
+        if body.echo and body.logprobs is not None:  # the echoed prompt's tokens come with their log-probs
+            params = params.clone(prompt_logprobs=max(body.logprobs, params.prompt_logprobs or 0))
+        streams, texts = [], []
         try:
             for prompt in prompts:  # seconds for a long prompt: encoded in a thread, as other streams go on
                 ids = await asyncio.to_thread(tokenizer.encode, prompt) if isinstance(prompt, str) else prompt
+                texts.append(prompt if isinstance(prompt, str) else None)
                 streams.append(await start(request, ids, params, stream_text=body.stream))
             request_id = f"cmpl-{body.request_id}" if body.request_id else new_id("cmpl")  # vLLM's request_id
             if body.stream:
@@ -305,13 +317,19 @@ def build_app(llm, model_name: str, max_waiting_requests: int = 256, api_key: st
                 stream.abort()
             raise
         choices = []
-        for i, stream in enumerate(streams):  # OpenAI's order: prompt by prompt, n choices each
+        for i, (stream, text) in enumerate(zip(streams, texts)):  # OpenAI's order: prompt by prompt, n choices each
+            scored = stream.seqs[0].prompt_logprobs  # the request's first completion scores the prompt
             for seq in sorted(stream.seqs, key=lambda s: s.index):
                 out = seq.completion()
-                logprobs = completion_logprobs(tokenizer, out.token_ids, seq.logprobs) if seq.logprobs is not None \
-                    else None
-                choices.append({"index": i * body.n + seq.index, "text": out.text, "logprobs": logprobs,
-                                "finish_reason": out.finish_reason, "stop_reason": out.stop_reason})
+                ids, steps, echoed = out.token_ids, seq.logprobs, ""
+                if body.echo:  # the prompt (its text as given, or its ids decoded) in front of the completion
+                    echoed = text if text is not None else tokenizer.decode(stream.prompt_ids)
+                    ids, steps = stream.prompt_ids + ids, scored + steps if steps is not None else None
+                logprobs = completion_logprobs(tokenizer, ids, steps) if steps is not None else None
+                choices.append({"index": i * body.n + seq.index, "text": echoed + out.text, "logprobs": logprobs,
+                                "finish_reason": out.finish_reason, "stop_reason": out.stop_reason,
+                                "prompt_logprobs": prompt_logprobs_json(tokenizer, scored if body.prompt_logprobs
+                                                                        is not None else None)})
         generated = sum(len(s.output_ids) for stream in streams for s in stream.seqs)
         return completion_response(request_id, model_name, choices, sum(len(s.prompt_ids) for s in streams), generated)
 
@@ -342,7 +360,8 @@ def build_app(llm, model_name: str, max_waiting_requests: int = 256, api_key: st
             choices.append({"index": seq.index, "message": {"role": "assistant", "content": out.text},
                             "logprobs": logprobs, "finish_reason": out.finish_reason, "stop_reason": out.stop_reason})
         generated = sum(len(s.output_ids) for s in stream.seqs)
-        return chat_response(request_id, model_name, choices, len(stream.prompt_ids), generated)
+        response = chat_response(request_id, model_name, choices, len(stream.prompt_ids), generated)
+        return response | {"prompt_logprobs": prompt_logprobs_json(tokenizer, stream.seqs[0].prompt_logprobs)}
 
     app.include_router(v1)
     return app

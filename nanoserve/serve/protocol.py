@@ -50,9 +50,8 @@ class StreamOptions(Strict):
 # at which it does nothing (None, or the values listed).
 REFUSED = {
     "best_of": "best_of (more candidates than n, keeping the likeliest) is not supported",
-    "echo": "echo (the prompt, with its log-probs, in front of the completion) is not supported yet",
+    "echo": "echo on chat completions (the last message repeated in front of the answer) is not supported",
     "suffix": "suffix (insertion: text after the completion) is not supported",
-    "prompt_logprobs": "prompt_logprobs is not supported yet",
     "use_beam_search": "beam search is not supported", "length_penalty": "length_penalty (beam search) is not supported",
     "response_format": "response_format json_object / json_schema (structured output) is not supported yet",
     "structured_outputs": "structured outputs are not supported yet", "guided_json": "guided decoding is not supported yet",
@@ -105,6 +104,7 @@ class SamplingRequest(Strict):
     allowed_token_ids: list[int] | None = None
     bad_words: list[str] | None = None
     truncate_prompt_tokens: int | None = None
+    prompt_logprobs: int | None = None  # the prompt tokens' log-probs (and top-k): "prompt_logprobs" in the response
     # Fields that cannot change the output (who asks, what to store, caching and latency hints): accepted
     user: str | None = None
     metadata: dict | None = None
@@ -118,7 +118,6 @@ class SamplingRequest(Strict):
     prediction: dict | None = None  # predicted output: a speed hint, the output is the same without it
     # Known, refused unless they hold the value at which they do nothing (REFUSED, DOES_NOTHING)
     best_of: int | None = None
-    prompt_logprobs: Any = None
     use_beam_search: Any = None
     length_penalty: Any = None
     response_format: Any = None
@@ -132,12 +131,12 @@ class SamplingRequest(Strict):
     priority: Any = None
     spaces_between_special_tokens: Any = None
     return_tokens_as_token_ids: Any = None
-    echo: Any = None
 
 
 class CompletionRequest(SamplingRequest):
     prompt: str | list[int] | list[str] | list[list[int]]  # one prompt, or a batch (n choices each)
     logprobs: int | None = None  # legacy completions: the number of top log-probs per token
+    echo: bool = False  # the prompt in front of the completion, its tokens' log-probs in front of the new ones'
     suffix: Any = None
 
 
@@ -172,6 +171,7 @@ class ChatCompletionRequest(SamplingRequest, ChatTemplateOptions):
     chat_template: Any = None
     documents: Any = None
     moderation: Any = None
+    echo: Any = None
 
 
 class TokenizeRequest(ChatTemplateOptions):
@@ -194,7 +194,8 @@ def refuse_unsupported(request: SamplingRequest) -> None:
     if request.stream_options is not None:
         given.append(("continuous_usage_stats", request.stream_options.continuous_usage_stats))
     for name, value in given:
-        if value is None or value in DOES_NOTHING.get(name, ()) or (name == "best_of" and value == request.n):
+        if value is None or value in DOES_NOTHING.get(name, ()) or (name == "best_of" and value == request.n) \
+                or (name == "echo" and isinstance(request, CompletionRequest)):  # completions' echo works
             continue
         raise BadRequest(f"{name}: {REFUSED[name]}", name)
 
@@ -256,10 +257,10 @@ def check_limits(request: SamplingRequest, max_logprobs: int) -> None:
     MAX_N, and at most max_logprobs log-probs per token (the LLM's cap: each one is JSON in the response)."""
     if request.n > MAX_N:
         raise BadRequest(f"n must be at most {MAX_N}, got {request.n}", "n")
-    name = "top_logprobs" if isinstance(request, ChatCompletionRequest) else "logprobs"
-    asked = getattr(request, name)
-    if asked is not None and not 0 <= asked <= max_logprobs:
-        raise BadRequest(f"{name} must be in [0, {max_logprobs}] (the server's max_logprobs), got {asked}", name)
+    for name in ("top_logprobs" if isinstance(request, ChatCompletionRequest) else "logprobs", "prompt_logprobs"):
+        asked = getattr(request, name)
+        if asked is not None and not 0 <= asked <= max_logprobs:
+            raise BadRequest(f"{name} must be in [0, {max_logprobs}] (the server's max_logprobs), got {asked}", name)
 
 
 def conversation(messages: list[ChatMessage]) -> list[dict]:
@@ -284,11 +285,13 @@ def sampling_params(request: SamplingRequest, max_tokens: int | None, logprobs: 
     model's generation_config sampling defaults, for the fields the request leaves out (as vLLM)."""
     if request.stream_options is not None and not request.stream:
         raise BadRequest("stream_options is only allowed with stream: true", "stream_options")
+    if request.stream and request.prompt_logprobs is not None:
+        raise BadRequest("prompt_logprobs cannot be streamed yet: send it with stream: false", "prompt_logprobs")
     refuse_unsupported(request)
     passed = ("temperature", "top_p", "top_k", "min_p", "n", "seed", "stop", "stop_token_ids", "ignore_eos",
               "presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias", "min_tokens",
               "include_stop_str_in_output", "skip_special_tokens", "allowed_token_ids", "bad_words",
-              "truncate_prompt_tokens")
+              "truncate_prompt_tokens", "prompt_logprobs")
     fields = {name: getattr(request, name) for name in passed}
     fields.update(max_tokens=default_max_tokens if max_tokens is None else max_tokens, logprobs=logprobs)
     for name, value in (defaults or {}).items():
@@ -311,16 +314,26 @@ def new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex}"
 
 
-def completion_logprobs(tokenizer, token_ids: list[int], steps: list[dict], text_offset: int = 0) -> dict:
-    """The legacy completions' logprobs: tokens, their log-probs, the top ones of each step, text offsets."""
+def completion_logprobs(tokenizer, token_ids: list[int], steps: list[dict | None], text_offset: int = 0) -> dict:
+    """The legacy completions' logprobs: tokens, their log-probs, the top ones of each step, text offsets.
+    A step of None (an echoed prompt's first token, which nothing predicts) has null for both."""
     tokens = [tokenizer.decode([t]) for t in token_ids]
     offsets, at = [], text_offset
     for token in tokens:
         offsets.append(at)
         at += len(token)
-    return {"tokens": tokens, "token_logprobs": [float(lp[t]) for t, lp in zip(token_ids, steps)],
-            "top_logprobs": [{tokenizer.decode([k]): float(v) for k, v in lp.items()} for lp in steps],
+    return {"tokens": tokens, "token_logprobs": [None if lp is None else float(lp[t]) for t, lp in zip(token_ids, steps)],
+            "top_logprobs": [None if lp is None else {tokenizer.decode([k]): float(v) for k, v in lp.items()}
+                             for lp in steps],
             "text_offset": offsets}
+
+
+def prompt_logprobs_json(tokenizer, steps: list[dict | None] | None) -> list | None:
+    """vLLM's "prompt_logprobs": per prompt token, null (the first) or {token id: {logprob, rank, decoded_token}}."""
+    if steps is None:
+        return None
+    return [None if lp is None else {str(t): {"logprob": float(v), "rank": v.rank, "decoded_token": tokenizer.decode([t])}
+                                     for t, v in lp.items()} for lp in steps]
 
 
 def chat_logprobs(tokenizer, token_ids: list[int], steps: list[dict], top: int) -> dict:
