@@ -34,7 +34,9 @@ CHILD = textwrap.dedent('''
 
 
 def run(tree: str, model: str, num_seqs: int) -> dict:
-    env = {**os.environ, "PYTHONPATH": os.path.abspath(tree)}
+    # the tree first; the caller's PYTHONPATH (its installed packages) after it
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.path.abspath(tree)] + [
+        p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])}
     done = subprocess.run([sys.executable, "-c", CHILD, model, str(num_seqs)], cwd=tree, env=env,
                           capture_output=True, text=True)
     lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]

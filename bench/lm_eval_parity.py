@@ -41,7 +41,7 @@ def tasks(folder: Path) -> list[str]:
         rng.shuffle(choices)
         mc.append({"question": f"Question: What is {a} plus {b}?\nAnswer:", "choices": [f" {c}" for c in choices],
                    "answer": choices.index(a + b)})
-        gen.append({"question": f"{a} + {b} =", "answer": f" {a + b}"})
+        gen.append({"question": f"2 + 2 = 4\n3 + 5 = 8\n10 + 7 = 17\n{a} + {b} =", "answer": f" {a + b}"})
     colours = [("grass", "green"), ("the sky", "blue"), ("snow", "white"), ("coal", "black"), ("a lemon", "yellow")]
     for thing, colour in colours:
         others = [c for _, c in colours if c != colour][:3]

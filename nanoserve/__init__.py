@@ -8,7 +8,8 @@ __version__ = "0.1.0"
 
 
 PUBLIC = {"LLM": "nanoserve.engine.llm", "EngineArgs": "nanoserve.engine.llm", "EngineParts": "nanoserve.engine.llm",
-          "SamplingParams": "nanoserve.engine.sampling_params"}
+          "SamplingParams": "nanoserve.engine.sampling_params",
+          "StructuredOutputsParams": "nanoserve.engine.structured_outputs"}
 
 
 def __getattr__(name):

@@ -20,7 +20,7 @@ def seq(params, prompt, output, bad_words_ids=(), stop_ids=()):
     """What process_logits reads of a sequence."""
     return SimpleNamespace(params=params, token_ids=list(prompt) + list(output), num_prompt_tokens=len(prompt),
                            prompt_ids=list(prompt), bad_words_ids=[list(w) for w in bad_words_ids],
-                           stop_ids=set(stop_ids), edits_logits=params.edits_logits)
+                           stop_ids=set(stop_ids), edits_logits=params.edits_logits, matcher=None)
 
 
 def history(rng, n):

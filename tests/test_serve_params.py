@@ -36,7 +36,7 @@ VLLM_VALUES = {
     "include_stop_str_in_output": True, "ignore_eos": True, "skip_special_tokens": False,
     "allowed_token_ids": [11, 12], "bad_words": ["the"], "truncate_prompt_tokens": 2, "request_id": "r",
     "prompt_logprobs": 1, "use_beam_search": True, "length_penalty": 0.5, "structured_outputs": {"choice": ["a"]},
-    "guided_json": {}, "guided_regex": "a+", "guided_choice": ["a"], "guided_grammar": "root ::= 'a'",
+    "guided_json": {}, "guided_regex": "a+", "guided_choice": ["a"], "guided_grammar": 'root ::= "a"',
     "guided_decoding_backend": "xgrammar", "guided_whitespace_pattern": " ", "priority": 1,
     "spaces_between_special_tokens": False, "return_tokens_as_token_ids": True, "chat_template": "{{ 'x' }}",
     "chat_template_kwargs": {"enable_thinking": True}, "add_generation_prompt": False,
@@ -46,9 +46,11 @@ WORKS = {"model", "prompt", "messages", "max_tokens", "max_completion_tokens", "
          "stop", "stream_options", "presence_penalty", "frequency_penalty", "logit_bias", "logprobs", "top_logprobs",
          "top_k", "min_p", "repetition_penalty", "min_tokens", "stop_token_ids", "include_stop_str_in_output",
          "ignore_eos", "skip_special_tokens", "allowed_token_ids", "bad_words", "truncate_prompt_tokens",
-         "chat_template_kwargs", "continue_final_message", "add_generation_prompt", "prompt_logprobs"}
+         "chat_template_kwargs", "continue_final_message", "add_generation_prompt", "prompt_logprobs",
+         "response_format", "structured_outputs", "guided_json", "guided_regex", "guided_choice", "guided_grammar",
+         "tools", "tool_choice", "parallel_tool_calls"}
 NO_EFFECT_ON_OUTPUT = {"user", "metadata", "store", "service_tier", "prompt_cache_key", "prompt_cache_retention",
-                       "prompt_cache_options", "safety_identifier", "prediction", "parallel_tool_calls", "request_id"}
+                       "prompt_cache_options", "safety_identifier", "prediction", "request_id"}
 
 
 @pytest.fixture(scope="module")
@@ -80,6 +82,8 @@ def body_for(endpoint: str, name: str | None = None, value=None) -> dict:
         pass
     elif name in ("logprobs", "top_logprobs") and endpoint == "chat/completions":
         body.update(logprobs=True, top_logprobs=2)
+    elif name == "tool_choice":  # (it needs tools)
+        body.update(tools=OPENAI_VALUES["tools"], tool_choice=value)
     elif name == "stream_options":
         body.update(stream=True, stream_options=value)
     elif name in ("continue_final_message", "add_generation_prompt"):

@@ -73,8 +73,42 @@ def check_generate(generate) -> None:
 
 # Every exercise of the lesson: its name -> the check, run on the implementation found in a namespace `ns`
 # (the engine's modules in tests/, the learner's notebook cells in `make check`, tools/check_lessons.py).
+def check_unpack_bitmask(unpack_bitmask) -> None:
+    """Against llguidance's own masking (which sets the logits of forbidden tokens to -inf), on random words
+    and the edge cases the hint names: all ones, only the sign bit, a vocabulary that is not a multiple of 32,
+    one larger than the mask, a single row."""
+    import llguidance.torch
+
+    gen = torch.Generator().manual_seed(24)
+    cases = [(1, 1, 32), (1, 1, 20), (2, 3, 96), (3, 2, 70), (4, 5, 150), (1, 4, 200), (5, 7, 224)]
+    for case, (rows, words, vocab) in enumerate(cases * 3):
+        bitmask = torch.randint(-2**31, 2**31, (rows, words), dtype=torch.int64, generator=gen).to(torch.int32)
+        if case % 3 == 1:
+            bitmask[0, 0] = -1  # all 32 bits
+        if case % 3 == 2:
+            bitmask[-1, -1] = -2**31  # only bit 31
+        got = unpack_bitmask(bitmask.clone(), vocab)
+        if not isinstance(got, torch.Tensor) or got.shape != (rows, vocab) or got.dtype != torch.bool:
+            raise AssertionError(f"unpack_bitmask({rows}x{words} words, vocab_size={vocab}) should return a "
+                                 f"[{rows}, {vocab}] bool tensor, got {getattr(got, 'shape', type(got))} "
+                                 f"{getattr(got, 'dtype', '')}")
+        logits = torch.zeros(rows, vocab)
+        covered = min(vocab, 32 * words)
+        llguidance.torch.apply_token_bitmask_inplace(logits[:, :covered], bitmask)
+        want = logits == 0
+        want[:, covered:] = False  # no bit: never allowed
+        if not torch.equal(got, want):
+            r, t = (got != want).nonzero()[0].tolist()
+            raise AssertionError(f"unpack_bitmask({rows}x{words} words, vocab_size={vocab}): token {t} of row {r} "
+                                 f"should be {'allowed' if want[r, t] else 'forbidden'} (word {t // 32}, bit {t % 32}"
+                                 f"{', past the words: forbidden' if t >= 32 * words else ''}). Bit j of word w is "
+                                 f"token 32 * w + j, the lowest bit first.")
+    print("✓ unpack_bitmask matches llguidance's masking (signs, padding, a vocabulary beyond the mask)")
+
+
 EXERCISES = {
     "2.1 store_kv": lambda ns: check_store_kv(ns["store_kv"]),
     "2.2 decode_attention": lambda ns: check_decode_attention(ns["decode_attention"]),
     "2.3 generate": lambda ns: check_generate(ns["generate"]),
+    "2.4 unpack_bitmask": lambda ns: check_unpack_bitmask(ns["unpack_bitmask"]),
 }

@@ -467,22 +467,32 @@ class LLM:
         return self._collect(self._encode(prompts), sampling_params, use_tqdm)
 
     def chat(self, messages, sampling_params: SamplingParams | list[SamplingParams] | None = None,
-             use_tqdm: bool = True, chat_template_kwargs: dict | None = None,
-             add_generation_prompt: bool = True) -> list[RequestOutput]:
+             use_tqdm: bool = True, chat_template_kwargs: dict | None = None, add_generation_prompt: bool = True,
+             continue_final_message: bool = False, chat_template: str | None = None,
+             tools: list[dict] | None = None) -> list[RequestOutput]:
         """Answer one conversation (a list of {"role", "content"} messages) or a list of conversations, through
-        the model's chat template (Qwen3's thinking off unless chat_template_kwargs say otherwise)."""
+        the model's chat template (Qwen3's thinking off unless chat_template_kwargs say otherwise), or through
+        chat_template (a Jinja template of your own). tools: described to the model by the template (the
+        output's tool calls are its text; the server parses them). continue_final_message: the last
+        (assistant) message is continued, not closed."""
         if not isinstance(messages, (list, tuple)) or not messages:
             raise TypeError("messages: a conversation (a list of {'role', 'content'} dicts) or a list of them")
+        if continue_final_message and add_generation_prompt:
+            raise ValueError("continue_final_message needs add_generation_prompt=False")
         conversations = [messages] if isinstance(messages[0], dict) else list(messages)
         encoded = []
         for i, conversation in enumerate(conversations):
             if not isinstance(conversation, (list, tuple)) or not conversation or not all(
-                    isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+                    isinstance(m, dict) and isinstance(m.get("role"), str) and (isinstance(m.get("content"), str)
+                                                                                or m.get("tool_calls"))
                     for m in conversation):
                 raise ValueError(f"conversation {i}: a conversation is a non-empty list of "
                                  f"{{'role': str, 'content': str}} messages, got {conversation!r:.80}")
+            conversation = [{**m, "content": m.get("content") or ""} for m in conversation]  # tool calls only: ""
+            extra = {"chat_template": chat_template} if chat_template is not None else {}
             ids = self.tokenizer.apply_chat_template(conversation, add_generation_prompt=add_generation_prompt,
-                                                     tokenize=True,
+                                                     continue_final_message=continue_final_message, tools=tools,
+                                                     tokenize=True, **extra,
                                                      **{"enable_thinking": False, **(chat_template_kwargs or {})})
             ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
             encoded.append((self.tokenizer.decode(ids), ids))

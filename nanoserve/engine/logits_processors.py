@@ -10,6 +10,8 @@ import math
 
 import torch
 
+from nanoserve.engine.structured_outputs import allowed_tokens
+
 
 def bad_word_ids(tokenizer, words: list[str]) -> list[list[int]]:
     """Each bad word as token ids, as it would start the text and after a space (vLLM tokenizes both)."""
@@ -24,7 +26,7 @@ def bad_word_ids(tokenizer, words: list[str]) -> list[list[int]]:
 
 def to_device(values: list, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """A host list on the device without a wait: a GPU copies it from pinned memory in its own queue."""
-    tensor = torch.tensor(values, dtype=dtype)
+    tensor = torch.as_tensor(values, dtype=dtype)
     return tensor.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else tensor
 
 
@@ -37,6 +39,7 @@ def process_logits(logits: torch.Tensor, seqs: list, steps: list[int], last_inpu
     if not rows:
         return logits
     device = logits.device
+    grammar = [(r, seqs[i].matcher) for r, i in enumerate(rows) if seqs[i].matcher is not None]
     banned, bias, allowed, counted, seen, fed = [[], []], [[], [], []], [[], []], [[], []], [[], []], []
     penalties = []  # (row, repetition, frequency, presence)
     for r, i in enumerate(rows):
@@ -64,6 +67,10 @@ def process_logits(logits: torch.Tensor, seqs: list, steps: list[int], last_inpu
                 fed.append((r, i))
     index = to_device(rows, torch.long, device)
     sub = logits[index].float()  # [R, V]: the rows that ask, copied
+    if grammar:  # structured outputs: only what the grammar allows next (the host computes it, then copies)
+        fits = allowed_tokens([m for _, m in grammar], seqs[rows[grammar[0][0]]].tokenizer, sub.shape[1])
+        where = to_device([r for r, _ in grammar], torch.long, device)
+        sub[where] = sub[where].masked_fill(~to_device(fits, torch.bool, device), float("-inf"))
     if bias[0]:
         sub.index_put_((to_device(bias[0], torch.long, device), to_device(bias[1], torch.long, device)),
                        to_device(bias[2], torch.float32, device), accumulate=True)

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from nanoserve.engine.detokenizer import Detokenizer
 from nanoserve.engine.logits_processors import bad_word_ids
 from nanoserve.engine.sampling_params import SamplingParams
+from nanoserve.engine.structured_outputs import grammar_matcher
 
 
 @dataclass
@@ -37,6 +38,11 @@ class Request:
         self.tokenizer = tokenizer
         self.detok = self._detokenizer() if params.stop else None
         self.bad_words_ids = bad_word_ids(tokenizer, params.bad_words) if params.bad_words else []
+        so = params.structured_outputs
+        self.matcher = grammar_matcher(tokenizer, so) if so is not None else None  # follows the output's grammar
+        # Its next draw depends on its last token (a grammar's state, or a bad word of several tokens): lesson
+        # 05's async scheduling must not run it ahead of that token.
+        self.waits_for_last_token = self.matcher is not None or any(len(w) > 1 for w in self.bad_words_ids)
         self.edits_logits = params.edits_logits  # asked once here, not for every sequence at every step
         self.finish_reason: str | None = None
         self.stop_reason: int | str | None = None  # vLLM's: which stop_token_ids entry or stop string
@@ -59,6 +65,8 @@ class Request:
         return self.token_ids[self.num_prompt_tokens:]
 
     def append(self, token: int) -> None:
+        if self.matcher is not None and not self.matcher.consume_token(token):  # the mask forbade it: a bug
+            raise RuntimeError(f"token {token} breaks the request's structured_outputs: {self.matcher.get_error()}")
         self.token_ids.append(token)
         may_stop = self.num_output_tokens >= self.params.min_tokens
         self.new_text = self.detok.add(token, may_stop) if self.detok is not None else ""
@@ -66,6 +74,8 @@ class Request:
             self.finish_reason = "stop"
             self.stop_reason = token if token in self.params.stop_token_ids else \
                 self.detok.stop_str if self.detok is not None and self.detok.stopped else None
+        elif self.matcher is not None and self.matcher.is_stopped():  # the grammar is complete
+            self.finish_reason = "stop"
         elif self.num_output_tokens >= self.params.max_tokens:
             self.finish_reason = "length"
         if self.finish_reason is not None and self.detok is not None:

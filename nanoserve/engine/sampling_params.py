@@ -6,6 +6,8 @@ import dataclasses
 import math
 from dataclasses import dataclass, field
 
+from nanoserve.engine.structured_outputs import StructuredOutputsParams
+
 
 @dataclass
 class SamplingParams:
@@ -32,6 +34,7 @@ class SamplingParams:
     bad_words: list[str] | None = None  # words never generated (a word's last token is masked after the rest)
     skip_special_tokens: bool = True  # leave special tokens out of the text
     truncate_prompt_tokens: int | None = None  # keep only the prompt's last k tokens (-1: max_model_len)
+    structured_outputs: StructuredOutputsParams | None = None  # a JSON schema, regex, choice or grammar to follow
 
     def __post_init__(self):
         def bad(message):
@@ -78,6 +81,15 @@ class SamplingParams:
         if not all(isinstance(s, str) and s for s in self.stop):
             bad(f"stop must be a non-empty string or a list of them, got {self.stop!r}")
         self.bad_words = [] if self.bad_words is None else list(self.bad_words)
+        if isinstance(self.structured_outputs, dict):  # as a server's JSON gives it
+            try:
+                self.structured_outputs = StructuredOutputsParams(**self.structured_outputs)
+            except TypeError as e:
+                bad(f"structured_outputs: {e}")
+        if self.structured_outputs is not None and not isinstance(self.structured_outputs, StructuredOutputsParams):
+            bad(f"structured_outputs must be a StructuredOutputsParams, got {self.structured_outputs!r:.60}")
+        if self.structured_outputs is not None and self.min_tokens:  # a finished grammar allows only the end
+            bad("min_tokens cannot be combined with structured_outputs (the grammar says where the output ends)")
         if not all(isinstance(w, str) and w.strip() for w in self.bad_words):
             bad(f"bad_words must be a list of non-empty strings, got {self.bad_words!r}")
 
@@ -108,7 +120,7 @@ class SamplingParams:
         """Does this request change the logits before its draw (so the step runs the logits processors)?"""
         return bool(self.min_p or self.min_tokens or self.presence_penalty or self.frequency_penalty
                     or self.repetition_penalty != 1 or self.logit_bias or self.allowed_token_ids is not None
-                    or self.bad_words)
+                    or self.bad_words or self.structured_outputs is not None)
 
     def clone(self, **changes) -> "SamplingParams":
         """A copy, with `changes` (checked as a new SamplingParams is)."""

@@ -29,10 +29,10 @@ from jinja2 import TemplateError
 from starlette.exceptions import HTTPException
 
 from nanoserve import __version__
-
+from nanoserve.engine.structured_outputs import grammar_matcher
 from nanoserve.serve.async_engine import AsyncEngine, EngineStopped, QueueFull, RequestFailed, RequestStream
 from nanoserve.serve.metrics import ServerMetrics
-from nanoserve.serve.protocol import BadRequest, ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest, chat_logprobs, chat_response, check_limits, chunk, completion_logprobs, completion_response, conversation, error_body, new_id, parse_body, prompt_logprobs_json, sampling_params, sse, usage
+from nanoserve.serve.protocol import BadRequest, ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest, chat_logprobs, chat_response, check_limits, chunk, completion_logprobs, completion_response, conversation, error_body, new_id, parse_body, parse_tool_calls, prompt_logprobs_json, sampling_params, sse, structured_output_spec, tool_call_grammar, tool_choice, usage
 
 MAX_BODY_BYTES = 8 * 2**20  # 8 MiB: a prompt that fits max_model_len is far smaller, as text or as token ids
 
@@ -170,6 +170,8 @@ def build_app(llm, model_name: str, max_waiting_requests: int = 256, api_key: st
             raise BadRequest("continue_final_message continues an assistant message: the last message must be one",
                              "continue_final_message")
         kwargs = {"enable_thinking": False, **(body.chat_template_kwargs or {})}
+        if getattr(body, "tools", None):  # the template describes them to the model (Qwen3: in the system turn)
+            kwargs["tools"] = body.tools
         try:
             ids = tokenizer.apply_chat_template(turns, add_generation_prompt=body.add_generation_prompt,
                                                 continue_final_message=body.continue_final_message, tokenize=True,
@@ -177,6 +179,15 @@ def build_app(llm, model_name: str, max_waiting_requests: int = 256, api_key: st
         except TemplateError as e:  # the template refuses these messages (some want a user turn, say)
             raise BadRequest(f"the chat template rejects these messages: {e}", "messages") from None
         return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+
+    async def compile_grammar(body, params) -> None:
+        """A structured output's grammar is compiled in a thread (the first one also builds llguidance's view
+        of the vocabulary, about a second); one that does not compile is this request's 400."""
+        if params.structured_outputs is not None:
+            try:
+                await asyncio.to_thread(grammar_matcher, tokenizer, params.structured_outputs)
+            except ValueError as e:
+                raise BadRequest(str(e), structured_output_spec(body)[0]) from None
 
     async def start(request: Request, prompt_ids: list[int], params, stream_text: bool) -> RequestStream:
         try:
@@ -300,6 +311,7 @@ def build_app(llm, model_name: str, max_waiting_requests: int = 256, api_key: st
                                  defaults=sampling_defaults)
         if body.echo and body.logprobs is not None:  # the echoed prompt's tokens come with their log-probs
             params = params.clone(prompt_logprobs=max(body.logprobs, params.prompt_logprobs or 0))
+        await compile_grammar(body, params)
         streams, texts = [], []
         try:
             for prompt in prompts:  # seconds for a long prompt: encoded in a thread, as other streams go on
@@ -342,11 +354,20 @@ def build_app(llm, model_name: str, max_waiting_requests: int = 256, api_key: st
         top = body.top_logprobs or 0
         if body.top_logprobs is not None and not body.logprobs:
             raise BadRequest("top_logprobs needs logprobs: true", "top_logprobs")
+        tools = tool_choice(body, tokenizer)  # None (no tools), "none", "auto", "required" or a tool's name
+        if body.stream and tools not in (None, "none"):
+            raise BadRequest("tools cannot be streamed yet (the calls are parsed from the whole answer)", "tools")
         prompt_ids = await asyncio.to_thread(chat_prompt, conversation(body.messages), body)  # renders and tokenises: in a thread
         max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
         params = sampling_params(body, max_tokens, top if body.logprobs else None,
                                  default_max_tokens=None,  # None: what max_model_len leaves (the engine's)
                                  defaults=sampling_defaults)
+        if tools not in (None, "none", "auto"):  # a call is required: the grammar of the calls allowed
+            if params.structured_outputs is not None:
+                raise BadRequest("tool_choice required or named cannot be combined with a structured output",
+                                 "tool_choice")
+            params = params.clone(structured_outputs=tool_call_grammar(body, tools, tokenizer))
+        await compile_grammar(body, params)
         stream = await start(request, prompt_ids, params, stream_text=body.stream)
         request_id = f"chatcmpl-{body.request_id}" if body.request_id else new_id("chatcmpl")
         if body.stream:
@@ -357,8 +378,13 @@ def build_app(llm, model_name: str, max_waiting_requests: int = 256, api_key: st
         for seq in sorted(stream.seqs, key=lambda s: s.index):
             out = seq.completion()
             logprobs = chat_logprobs(tokenizer, out.token_ids, seq.logprobs, top) if seq.logprobs is not None else None
-            choices.append({"index": seq.index, "message": {"role": "assistant", "content": out.text},
-                            "logprobs": logprobs, "finish_reason": out.finish_reason, "stop_reason": out.stop_reason})
+            message, finish = {"role": "assistant", "content": out.text}, out.finish_reason
+            if tools not in (None, "none"):  # the model's tool calls, parsed out of its text
+                message["content"], calls = parse_tool_calls(out.text, body.parallel_tool_calls is not False)
+                if calls:
+                    message["tool_calls"], finish = calls, "tool_calls" if finish == "stop" else finish
+            choices.append({"index": seq.index, "message": message, "logprobs": logprobs, "finish_reason": finish,
+                            "stop_reason": out.stop_reason})
         generated = sum(len(s.output_ids) for s in stream.seqs)
         response = chat_response(request_id, model_name, choices, len(stream.prompt_ids), generated)
         return response | {"prompt_logprobs": prompt_logprobs_json(tokenizer, stream.seqs[0].prompt_logprobs)}

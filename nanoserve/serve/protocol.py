@@ -8,6 +8,7 @@ engine outputs are turned into response JSON, and server-sent events are formatt
 rules in one place, where they are easy to read and to test.
 """
 import json
+import re
 import time
 import uuid
 from typing import Any
@@ -15,6 +16,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from nanoserve.engine.sampling_params import SamplingParams
+from nanoserve.engine.structured_outputs import StructuredOutputsParams
 
 
 class BadRequest(ValueError):
@@ -53,13 +55,8 @@ REFUSED = {
     "echo": "echo on chat completions (the last message repeated in front of the answer) is not supported",
     "suffix": "suffix (insertion: text after the completion) is not supported",
     "use_beam_search": "beam search is not supported", "length_penalty": "length_penalty (beam search) is not supported",
-    "response_format": "response_format json_object / json_schema (structured output) is not supported yet",
-    "structured_outputs": "structured outputs are not supported yet", "guided_json": "guided decoding is not supported yet",
-    "guided_regex": "guided decoding is not supported yet", "guided_choice": "guided decoding is not supported yet",
-    "guided_grammar": "guided decoding is not supported yet",
-    "guided_decoding_backend": "guided decoding is not supported yet",
-    "guided_whitespace_pattern": "guided decoding is not supported yet",
-    "tools": "tool calling is not supported yet", "tool_choice": "tool calling is not supported yet",
+    "guided_decoding_backend": "guided_decoding_backend: this server's structured outputs use llguidance only",
+    "guided_whitespace_pattern": "guided_whitespace_pattern is not supported (JSON's whitespace is one space at most)",
     "functions": "function calling is not supported", "function_call": "function calling is not supported",
     "audio": "audio output is not supported", "modalities": "only text output is supported",
     "reasoning_effort": "reasoning_effort is not supported (Qwen3's thinking: chat_template_kwargs)",
@@ -72,8 +69,8 @@ REFUSED = {
     "moderation": "moderation is not supported",
     "continuous_usage_stats": "stream_options.continuous_usage_stats is not supported (usage comes at the end)",
 }
-DOES_NOTHING = {"use_beam_search": (False,), "length_penalty": (1.0,), "response_format": ({"type": "text"},),
-                "tools": ([],), "tool_choice": ("none",), "modalities": (["text"],), "priority": (0,),
+DOES_NOTHING = {"use_beam_search": (False,), "length_penalty": (1.0,), "guided_decoding_backend": ("auto", "guidance"),
+                "modalities": (["text"],), "priority": (0,),
                 "spaces_between_special_tokens": (True,), "return_tokens_as_token_ids": (False,), "echo": (False,),
                 "continuous_usage_stats": (False,)}
 
@@ -120,12 +117,14 @@ class SamplingRequest(Strict):
     best_of: int | None = None
     use_beam_search: Any = None
     length_penalty: Any = None
-    response_format: Any = None
-    structured_outputs: Any = None
-    guided_json: Any = None
-    guided_regex: Any = None
-    guided_choice: Any = None
-    guided_grammar: Any = None
+    # Structured outputs: OpenAI's response_format, vLLM's structured_outputs (json, regex, choice, grammar,
+    # json_object) and its older guided_* names; at most one of them (structured_output_spec)
+    response_format: dict | None = None
+    structured_outputs: dict | None = None
+    guided_json: dict | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
     guided_decoding_backend: Any = None
     guided_whitespace_pattern: Any = None
     priority: Any = None
@@ -142,8 +141,10 @@ class CompletionRequest(SamplingRequest):
 
 class ChatMessage(Strict):
     role: str
-    content: str | list[dict]  # a string, or a list of {"type": "text", "text": ...} parts
+    content: str | list[dict] | None = None  # a string, or {"type": "text", "text": ...} parts (None: "")
     name: str | None = None  # the chat template renders it, if it knows how
+    tool_calls: list[dict] | None = None  # an assistant's calls ({"id", "type": "function", "function": {...}})
+    tool_call_id: str | None = None  # a tool message: which call it answers
 
 
 class ChatTemplateOptions(Strict):
@@ -158,9 +159,9 @@ class ChatCompletionRequest(SamplingRequest, ChatTemplateOptions):
     max_completion_tokens: int | None = None  # the newer name of max_tokens
     logprobs: bool = False
     top_logprobs: int | None = None
-    parallel_tool_calls: bool | None = None  # about tools, which are refused: nothing to change
-    tools: Any = None
-    tool_choice: Any = None
+    tools: list[dict] | None = None  # [{"type": "function", "function": {"name", "description", "parameters"}}]
+    tool_choice: str | dict | None = None  # "none", "auto" (with tools: the default), "required", or a named tool
+    parallel_tool_calls: bool | None = None  # False: at most one call
     functions: Any = None
     function_call: Any = None
     audio: Any = None
@@ -264,11 +265,23 @@ def check_limits(request: SamplingRequest, max_logprobs: int) -> None:
 
 
 def conversation(messages: list[ChatMessage]) -> list[dict]:
-    """The messages as the chat template takes them: role, text, and the name if there is one."""
-    return [{"role": m.role, "content": message_text(m), **({"name": m.name} if m.name else {})} for m in messages]
+    """The messages as the chat template takes them: role, text, and the name, tool calls and tool call id if
+    there are any."""
+    extras = ("name", "tool_calls", "tool_call_id")
+    for m in messages:
+        for call in m.tool_calls or []:
+            function = call.get("function")
+            if not isinstance(function, dict) or not isinstance(function.get("name"), str) \
+                    or not isinstance(function.get("arguments"), (str, dict)):
+                raise BadRequest('a message\'s tool call is {"id", "type": "function", "function": {"name": str, '
+                                 '"arguments": str}}', "messages")
+    return [{"role": m.role, "content": message_text(m), **{k: getattr(m, k) for k in extras if getattr(m, k)}}
+            for m in messages]
 
 
 def message_text(message: ChatMessage) -> str:
+    if message.content is None:  # an assistant turn that only calls tools
+        return ""
     if isinstance(message.content, str):
         return message.content
     parts = []
@@ -277,6 +290,95 @@ def message_text(message: ChatMessage) -> str:
             raise BadRequest("only text content parts are supported", "messages")
         parts.append(part["text"])
     return "".join(parts)
+
+
+TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)  # Qwen3's (Hermes') tool-call format
+
+
+def tool_choice(request: ChatCompletionRequest, tokenizer) -> str | None:
+    """Check the request's tools; returns "none", "auto", "required" or the forced tool's name (None: no tools)."""
+    if request.tools is None:
+        if request.tool_choice not in (None, "none"):
+            raise BadRequest("tool_choice needs tools", "tool_choice")
+        return None
+    names = []
+    for tool in request.tools:
+        function = tool.get("function")
+        if tool.get("type") != "function" or not isinstance(function, dict) or not isinstance(function.get("name"), str) \
+                or not isinstance(function.get("parameters", {}), dict):
+            raise BadRequest('each tool is {"type": "function", "function": {"name": str, "parameters": {...}}}', "tools")
+        names.append(function["name"])
+    if "<tool_call>" not in tokenizer.get_vocab():
+        raise BadRequest("tools: this model has no <tool_call> token: nanoserve parses Qwen3's tool-call format only",
+                         "tools")
+    choice = request.tool_choice if request.tool_choice is not None else "auto"
+    if isinstance(choice, dict):
+        choice = (choice.get("function") or {}).get("name") if choice.get("type") == "function" else None
+        if choice not in names:
+            raise BadRequest(f"tool_choice names no tool of this request (tools: {', '.join(names)})", "tool_choice")
+        return choice
+    if choice not in ("none", "auto", "required"):
+        raise BadRequest('tool_choice: "none", "auto", "required" or {"type": "function", "function": {"name": ...}}',
+                         "tool_choice")
+    return choice
+
+
+def tool_call_grammar(request: ChatCompletionRequest, choice: str, tokenizer) -> StructuredOutputsParams:
+    """tool_choice "required" or a named tool: the output is Qwen3's tool-call blocks, each a JSON object whose
+    arguments follow that tool's parameters schema (one block if parallel_tool_calls is false)."""
+    calls = [{"type": "object", "properties": {"name": {"const": f["name"]},
+                                                "arguments": f.get("parameters") or {"type": "object"}},
+              "required": ["name", "arguments"], "additionalProperties": False}
+             for f in (t["function"] for t in request.tools) if choice == "required" or f["name"] == choice]
+    schema = json.dumps({"anyOf": calls, "x-guidance": {"whitespace_flexible": False}})
+    start, end = (tokenizer.convert_tokens_to_ids(t) for t in ("<tool_call>", "</tool_call>"))  # special tokens
+    more = "" if request.parallel_tool_calls is False else ' ("\\n" call)*'
+    return StructuredOutputsParams(grammar=f'start: call{more}\ncall: <[{start}]> "\\n" %json {schema} "\\n" <[{end}]>')
+
+
+def parse_tool_calls(text: str, parallel: bool = True) -> tuple[str | None, list[dict]]:
+    """The tool calls in a completion's text: (the text around them, None if there is none; OpenAI's
+    tool_calls). A block that is not a JSON call stays in the text."""
+    calls, kept = [], text
+    for match in TOOL_CALL.finditer(text):
+        try:
+            call = json.loads(match.group(1))
+        except json.JSONDecodeError:
+            continue
+        if not isinstance(call, dict) or not isinstance(call.get("name"), str):
+            continue
+        kept = kept.replace(match.group(0), "", 1)
+        if calls and not parallel:  # parallel_tool_calls false: the first call only
+            continue
+        calls.append({"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
+                      "function": {"name": call["name"], "arguments": json.dumps(call.get("arguments", {}))}})
+    return (kept.strip() or None) if calls else text, calls
+
+
+def structured_output_spec(request: SamplingRequest) -> tuple[str, StructuredOutputsParams] | None:
+    """(the field that asked, its constraint) from whichever structured-output field the request uses."""
+    given = {name: getattr(request, name) for name in ("response_format", "structured_outputs", "guided_json",
+                                                      "guided_regex", "guided_choice", "guided_grammar")}
+    given = {name: value for name, value in given.items() if value is not None and value != {"type": "text"}}
+    if len(given) > 1:
+        raise BadRequest(f"give one way of structuring the output, got {', '.join(given)}", list(given)[1])
+    if not given:
+        return None
+    (name, value), = given.items()
+    try:
+        if name == "response_format":
+            kind = value.get("type")
+            if kind == "json_object":
+                return name, StructuredOutputsParams(json_object=True)
+            schema = value.get("json_schema")
+            if kind != "json_schema" or not isinstance(schema, dict) or not isinstance(schema.get("schema", {}), dict):
+                raise ValueError('response_format: "text", "json_object", or "json_schema" with {"schema": {...}}')
+            return name, StructuredOutputsParams(json=schema.get("schema", {}))
+        if name == "structured_outputs":
+            return name, StructuredOutputsParams(**value)
+        return name, StructuredOutputsParams(**{name.removeprefix("guided_"): value})
+    except (TypeError, ValueError) as e:
+        raise BadRequest(f"{name}: {str(e).removeprefix('structured_outputs: ')}", name) from None
 
 
 def sampling_params(request: SamplingRequest, max_tokens: int | None, logprobs: int | None,
@@ -294,6 +396,9 @@ def sampling_params(request: SamplingRequest, max_tokens: int | None, logprobs: 
               "truncate_prompt_tokens", "prompt_logprobs")
     fields = {name: getattr(request, name) for name in passed}
     fields.update(max_tokens=default_max_tokens if max_tokens is None else max_tokens, logprobs=logprobs)
+    structured = structured_output_spec(request)
+    if structured is not None:
+        fields["structured_outputs"] = structured[1]
     for name, value in (defaults or {}).items():
         if name not in request.model_fields_set and not (name == "max_tokens" and max_tokens is not None):
             fields[name] = value

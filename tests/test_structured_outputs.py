@@ -1,0 +1,179 @@
+"""Structured outputs (issue 23): the output follows its JSON schema, regex, choice or grammar, whatever the
+model would rather say (a random model, sampled at temperature 1), alone or in a batch, with async scheduling
+and n > 1; through LLM, lesson 02's loop and the server's response_format / structured_outputs / guided_*."""
+import json
+import re
+
+import jsonschema
+import openai
+import pytest
+from fastapi.testclient import TestClient
+
+from nanoserve import LLM, SamplingParams, StructuredOutputsParams
+from nanoserve.course.generate import generate
+from nanoserve.serve.api_server import build_app
+
+SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 6},
+                                           "age": {"type": "integer", "minimum": 0, "maximum": 120},
+                                           "tags": {"type": "array", "items": {"enum": ["a", "b"]}, "maxItems": 2}},
+          "required": ["name", "age"], "additionalProperties": False}
+CONSTRAINTS = [
+    (StructuredOutputsParams(json=SCHEMA), lambda text: jsonschema.validate(json.loads(text), SCHEMA) is None),
+    (StructuredOutputsParams(regex=r"[a-c]{2,4}-[0-9]{2}"), lambda text: re.fullmatch(r"[a-c]{2,4}-[0-9]{2}", text)),
+    (StructuredOutputsParams(choice=["yes", "no", 'say "hi"']), lambda text: text in ("yes", "no", 'say "hi"')),
+    (StructuredOutputsParams(grammar='start: term ("+" term)? "="\nterm: "x" | "(" "y" ")"'),
+     lambda text: re.fullmatch(r"(x|\(y\))(\+(x|\(y\)))?=", text)),
+    (StructuredOutputsParams(grammar='root ::= "0" | [1-9] [0-9]? [0-9]?'), lambda text: re.fullmatch(r"0|[1-9][0-9]{0,2}", text)),
+    (StructuredOutputsParams(json_object=True), lambda text: isinstance(json.loads(text), dict)),
+]
+
+
+@pytest.fixture(scope="module")
+def llm():
+    with LLM("tiny-qwen3", device="cpu", max_model_len=512, num_gpu_blocks_override=128) as llm:
+        yield llm
+
+
+@pytest.mark.parametrize("ahead", [False, True])
+def test_every_output_follows_its_constraint_alone_and_in_a_batch(llm, ahead):
+    llm.engine.async_scheduling = ahead
+    try:
+        params = [SamplingParams(temperature=1.0, seed=i, max_tokens=200, n=2, structured_outputs=so)
+                  for i, (so, _) in enumerate(CONSTRAINTS)]
+        free = SamplingParams(temperature=1.0, seed=9, max_tokens=12)
+        batch = llm.generate(["Tell me about it."] * len(params) + ["Free text"], params + [free], use_tqdm=False)
+        for (so, valid), out in zip(CONSTRAINTS, batch):
+            for completion in out.outputs:
+                assert completion.finish_reason == "stop" and valid(completion.text), (so, completion.text)
+        for i, p in enumerate(params[:3]):  # a request's tokens do not depend on its batch-mates
+            alone = llm.generate(["Tell me about it."], p, use_tqdm=False)[0]
+            assert [c.token_ids for c in alone.outputs] == [c.token_ids for c in batch[i].outputs]
+        unconstrained = llm.generate(["Free text"], free, use_tqdm=False)[0].outputs[0]
+        assert batch[-1].outputs[0].token_ids == unconstrained.token_ids
+    finally:
+        llm.engine.async_scheduling = False
+
+
+def test_lesson_02s_loop_follows_a_constraint_too(llm):
+    done, _ = generate(llm.model, [[5, 6, 7]], SamplingParams(temperature=1.0, seed=3, max_tokens=20,
+                                                                structured_outputs=StructuredOutputsParams(
+                                                                    choice=["left", "right"])),
+                       eos_token_ids=llm.eos_token_ids, tokenizer=llm.tokenizer)
+    assert done[0].text in ("left", "right") and done[0].finish_reason == "stop"
+
+
+@pytest.mark.parametrize("bad, match", [
+    (dict(), "exactly one"), (dict(regex="a", choice=["a"]), "exactly one"), (dict(choice="ab"), "choice"),
+    (dict(json=3), "json"), (dict(json_object=1), "exactly one")])
+def test_malformed_constraints_are_refused_by_name(bad, match):
+    with pytest.raises(ValueError, match=match):
+        StructuredOutputsParams(**bad)
+    with pytest.raises(ValueError, match="min_tokens"):
+        SamplingParams(min_tokens=2, structured_outputs=StructuredOutputsParams(regex="a+"))
+
+
+def test_a_constraint_that_does_not_compile_fails_its_request_alone(llm):
+    outs = llm.generate(["a", "b"], [SamplingParams(structured_outputs=StructuredOutputsParams(regex="(unclosed")),
+                                     SamplingParams(max_tokens=3)], use_tqdm=False)
+    assert outs[0].error and "structured_outputs" in outs[0].error and not outs[1].error
+
+
+@pytest.fixture(scope="module")
+def client(llm):
+    with TestClient(build_app(llm, "tiny-qwen3")) as client:
+        yield client
+
+
+def test_the_openai_client_gets_schema_valid_json_and_choices(client):
+    api = openai.OpenAI(base_url="http://testserver/v1", api_key="none", http_client=client)
+    chat = api.chat.completions.create(
+        model="tiny-qwen3", messages=[{"role": "user", "content": "Who are you?"}], temperature=1.0, seed=1,
+        max_tokens=200, response_format={"type": "json_schema", "json_schema": {"name": "person", "schema": SCHEMA}})
+    jsonschema.validate(json.loads(chat.choices[0].message.content), SCHEMA)
+    for extra in ({"structured_outputs": {"choice": ["red", "blue"]}}, {"guided_choice": ["red", "blue"]}):
+        reply = api.completions.create(model="tiny-qwen3", prompt="Pick:", max_tokens=20, temperature=1.0,
+                                       extra_body=extra)
+        assert reply.choices[0].text in ("red", "blue")
+    reply = api.completions.create(model="tiny-qwen3", prompt="Code:", max_tokens=20, temperature=1.0, seed=4,
+                                   extra_body={"guided_regex": "[A-Z]{3}[0-9]"})
+    assert re.fullmatch("[A-Z]{3}[0-9]", reply.choices[0].text)
+
+
+@pytest.mark.parametrize("body, param", [
+    ({"response_format": {"type": "json_schema", "json_schema": {"schema": {"type": "nonsense"}}}}, "response_format"),
+    ({"response_format": {"type": "xml"}}, "response_format"),
+    ({"structured_outputs": {"regex": "a", "disable_any_whitespace": True}}, "structured_outputs"),
+    ({"guided_regex": "(", "max_tokens": 2}, "guided_regex"),
+    ({"guided_regex": "a", "guided_choice": ["b"]}, "guided_choice"),
+])
+def test_the_server_refuses_what_it_cannot_follow_by_name(client, body, param):
+    reply = client.post("/v1/chat/completions", json={"model": "tiny-qwen3", "messages": [
+        {"role": "user", "content": "Hi"}], **body})
+    assert reply.status_code == 400 and reply.json()["error"]["param"] == param, reply.text
+
+
+WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "The weather in a city", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string", "maxLength": 12}, "unit": {"enum": ["C", "F"]}},
+    "required": ["city", "unit"], "additionalProperties": False}}}
+TIME = {"type": "function", "function": {"name": "get_time", "parameters": {
+    "type": "object", "properties": {"zone": {"type": "integer", "minimum": -12, "maximum": 14}}, "required": ["zone"]}}}
+ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
+
+
+@pytest.mark.parametrize("choice, parallel", [("required", None), ("required", False),
+                                              ({"type": "function", "function": {"name": "get_time"}}, None)])
+def test_a_required_tool_call_parses_and_follows_the_tools_schema(client, choice, parallel):
+    api = openai.OpenAI(base_url="http://testserver/v1", api_key="none", http_client=client)
+    extra = {} if parallel is None else {"parallel_tool_calls": parallel}
+    reply = api.chat.completions.create(model="tiny-qwen3", messages=ASK, tools=[WEATHER, TIME], tool_choice=choice,
+                                        temperature=1.0, seed=7, max_tokens=200, **extra)
+    choice_ = reply.choices[0]
+    assert choice_.message.tool_calls, choice_
+    # a random model may go on calling until max_tokens when several calls are allowed
+    assert choice_.finish_reason == "tool_calls" or (parallel is None and choice_.finish_reason == "length")
+    if parallel is False:
+        assert len(choice_.message.tool_calls) == 1 and choice_.message.content is None
+    for call in choice_.message.tool_calls:
+        tool = {"get_weather": WEATHER, "get_time": TIME}[call.function.name]
+        jsonschema.validate(json.loads(call.function.arguments), tool["function"]["parameters"])
+        if isinstance(choice, dict):
+            assert call.function.name == "get_time"
+
+
+def test_a_conversation_with_tool_calls_and_tool_results_is_rendered(client, llm):
+    turns = ASK + [{"role": "assistant", "content": None, "tool_calls": [{"id": "call_1", "type": "function", "function": {
+        "name": "get_weather", "arguments": '{"city": "Paris", "unit": "C"}'}}]},
+                   {"role": "tool", "tool_call_id": "call_1", "content": "sunny, 21 C"}]
+    reply = client.post("/v1/chat/completions", json={"model": "tiny-qwen3", "messages": turns, "tools": [WEATHER],
+                                                      "max_tokens": 3, "temperature": 0})
+    assert reply.status_code == 200, reply.text
+    for turn in turns:
+        turn["content"] = turn["content"] or ""
+    ids = llm.tokenizer.apply_chat_template(turns, tools=[WEATHER], add_generation_prompt=True, tokenize=True,
+                                            enable_thinking=False)
+    ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+    assert reply.json()["usage"]["prompt_tokens"] == len(ids)
+
+
+def test_auto_tool_calls_are_parsed_out_of_the_text():
+    from nanoserve.serve.protocol import parse_tool_calls
+    text = 'Let me look.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>\n' \
+           '<tool_call>\n{"name": "get_time", "arguments": {"zone": 1}}\n</tool_call>'
+    content, calls = parse_tool_calls(text)
+    assert content == "Let me look." and [c["function"]["name"] for c in calls] == ["get_weather", "get_time"]
+    assert json.loads(calls[0]["function"]["arguments"]) == {"city": "Oslo"}
+    assert len(parse_tool_calls(text, parallel=False)[1]) == 1
+    assert parse_tool_calls("<tool_call>not json</tool_call>") == ("<tool_call>not json</tool_call>", [])
+    assert parse_tool_calls("plain") == ("plain", [])
+
+
+@pytest.mark.parametrize("body, param", [
+    ({"tool_choice": "required"}, "tool_choice"),
+    ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice"),
+    ({"tools": [WEATHER], "stream": True}, "tools"),
+    ({"tools": [{"type": "function", "function": {"parameters": {}}}]}, "tools"),
+    ({"tools": [WEATHER], "tool_choice": "required", "response_format": {"type": "json_object"}}, "tool_choice"),
+])
+def test_tool_requests_that_cannot_be_served_are_refused_by_name(client, body, param):
+    reply = client.post("/v1/chat/completions", json={"model": "tiny-qwen3", "messages": ASK, **body})
+    assert reply.status_code == 400 and reply.json()["error"]["param"] == param, reply.text

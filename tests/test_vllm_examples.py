@@ -1,0 +1,86 @@
+"""vLLM's simple offline examples, written again here (issue 23): what a vLLM user writes works with the import
+and the model name changed. basic, chat, generate with EngineArgs, prefix caching, reproducibility, default
+sampling, structured outputs."""
+import json
+import re
+
+import jsonschema
+
+from nanoserve import LLM, EngineArgs, SamplingParams, StructuredOutputsParams
+
+MODEL = dict(model="tiny-qwen3", device="cpu", max_model_len=256, num_gpu_blocks_override=64)
+PROMPTS = ["Hello, my name is", "The president of the United States is", "The capital of France is",
+           "The future of AI is"]
+
+
+def test_basic():
+    llm = LLM(**MODEL)
+    outputs = llm.generate(PROMPTS, SamplingParams(temperature=0.8, top_p=0.95))
+    assert [o.prompt for o in outputs] == PROMPTS
+    assert all(o.outputs[0].text and len(o.outputs[0].token_ids) <= 16 for o in outputs)  # vLLM's default 16
+
+
+def test_chat_with_a_batch_of_conversations_tools_and_a_template():
+    llm = LLM(**MODEL)
+    conversation = [{"role": "system", "content": "You are a helpful assistant"},
+                    {"role": "user", "content": "Hello"}, {"role": "assistant", "content": "Hello! How can I help?"},
+                    {"role": "user", "content": "Write an essay about the importance of higher education."}]
+    params = SamplingParams(temperature=0.5, max_tokens=8)
+    one = llm.chat(conversation, params, use_tqdm=False)
+    batch = llm.chat([conversation] * 3, params, use_tqdm=False)
+    assert len(one) == 1 and len(batch) == 3 and all(o.outputs[0].text for o in batch)
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+    with_tools = llm.chat(conversation, params, tools=[tool], use_tqdm=False)[0]
+    assert len(with_tools.prompt_token_ids) > len(one[0].prompt_token_ids)  # the template describes the tool
+    cont = llm.chat(conversation[:2] + [{"role": "assistant", "content": "Well,"}], params, use_tqdm=False,
+                    add_generation_prompt=False, continue_final_message=True)[0]
+    assert llm.tokenizer.decode(cont.prompt_token_ids).endswith("Well,")
+    mine = llm.chat(conversation, params, chat_template="{% for m in messages %}{{ m.content }}\n{% endfor %}",
+                    use_tqdm=False)[0]
+    assert llm.tokenizer.decode(mine.prompt_token_ids).startswith("You are a helpful assistant\nHello\n")
+
+
+def test_generate_with_engine_args():
+    args = EngineArgs(**MODEL, max_num_seqs=8)
+    llm = LLM(engine_args=args)
+    params = llm.get_default_sampling_params()
+    params.max_tokens = 4
+    assert all(len(o.outputs[0].token_ids) <= 4 for o in llm.generate(PROMPTS, params, use_tqdm=False))
+
+
+def test_prefix_caching_gives_the_same_text_and_finds_the_prefix():
+    prefix = "You are an expert school principal, skilled in effectively managing faculty and staff. " * 3
+    prompts = [prefix + p for p in PROMPTS]
+    greedy = SamplingParams(temperature=0.0)
+    plain = LLM(**MODEL).generate(prompts, greedy, use_tqdm=False)
+    cached_llm = LLM(**MODEL, enable_prefix_caching=True)
+    cached_llm.generate(prompts[0], greedy, use_tqdm=False)  # warm the cache with one prompt
+    cached = cached_llm.generate(prompts, greedy, use_tqdm=False)
+    assert [o.outputs[0].text for o in plain] == [o.outputs[0].text for o in cached]
+    assert all(o.num_cached_tokens > 0 for o in cached)
+
+
+def test_reproducibility_with_a_seed():
+    params = SamplingParams(temperature=1.0, top_p=0.9, seed=42)
+    first = [o.outputs[0].text for o in LLM(**MODEL, seed=0).generate(PROMPTS, params, use_tqdm=False)]
+    second = [o.outputs[0].text for o in LLM(**MODEL, seed=0).generate(PROMPTS, params, use_tqdm=False)]
+    assert first == second
+    unseeded = SamplingParams(temperature=1.0)  # the LLM's seed makes the unseeded ones reproducible too
+    assert [o.outputs[0].text for o in LLM(**MODEL, seed=3).generate(PROMPTS, unseeded, use_tqdm=False)] == \
+        [o.outputs[0].text for o in LLM(**MODEL, seed=3).generate(PROMPTS, unseeded, use_tqdm=False)]
+
+
+def test_structured_outputs():
+    llm = LLM(**MODEL)
+    choice = llm.generate("Classify: great!", SamplingParams(
+        structured_outputs=StructuredOutputsParams(choice=["Positive", "Negative"])), use_tqdm=False)[0]
+    assert choice.outputs[0].text in ("Positive", "Negative")
+    email = llm.generate("An e-mail address:", SamplingParams(max_tokens=40, structured_outputs=StructuredOutputsParams(
+        regex=r"[a-z]{1,8}@[a-z]{1,8}\.com\n")), use_tqdm=False)[0]
+    assert re.fullmatch(r"[a-z]{1,8}@[a-z]{1,8}\.com\n", email.outputs[0].text)
+    schema = {"type": "object", "properties": {"brand": {"type": "string", "maxLength": 8},
+                                               "type": {"enum": ["sedan", "SUV", "truck"]}},
+              "required": ["brand", "type"], "additionalProperties": False}
+    car = llm.generate("A car as JSON:", SamplingParams(max_tokens=60, structured_outputs=StructuredOutputsParams(
+        json=schema)), use_tqdm=False)[0]
+    jsonschema.validate(json.loads(car.outputs[0].text), schema)
