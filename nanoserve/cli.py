@@ -151,6 +151,8 @@ def add_serve_parser(sub) -> None:
     serve.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     serve.add_argument("--num-gpu-blocks-override", type=_positive_int, default=None)
     serve.add_argument("--seed", type=int, default=0)
+    serve.add_argument("--tokenizer", default=None,
+                       help="a tokenizer directory or zoo name of its own (default: the model's); no remote code")
     serve.add_argument("--generation-config", default="auto",
                        help="sampling defaults: auto (the checkpoint's generation_config.json), vllm (none) or a folder")
     serve.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda if available)")
@@ -277,7 +279,7 @@ def serve(args) -> int:
               custom_all_reduce=args.custom_all_reduce,
               gpu_memory_utilization=args.gpu_memory_utilization, num_gpu_blocks_override=args.num_gpu_blocks_override,
               seed=args.seed, device=args.device, max_logprobs=args.max_logprobs,
-              generation_config=args.generation_config)
+              generation_config=args.generation_config, tokenizer=args.tokenizer)
     if args.chat_template is not None:  # vLLM's --chat-template: a file, or the template's text
         path = os.path.expanduser(args.chat_template)
         llm.tokenizer.chat_template = open(path).read() if os.path.isfile(path) else args.chat_template

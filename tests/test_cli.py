@@ -194,6 +194,7 @@ def test_vllm_serve_flags(monkeypatch, tmp_path, capsys):
     args = parse(["serve", "m", "-tp", "2", "--max-model-len", "2k", "--disable-log-requests"])
     assert args.tensor_parallel_size == 2 and args.max_model_len == 2000
     assert parse(["serve", "m", "--max-model-len", "2K"]).max_model_len == 2048
+    assert parse(["serve", "m", "--tokenizer", "tok"]).tokenizer == "tok"  # (LLM(tokenizer=): test_vllm_examples)
     for bad, says in [(["--kv-cache-dtype", "fp8"], "only 'auto'"), (["--trust-remote-code"], "own code"),
                       (["--max-model-len", "two"], "like 2k")]:
         with pytest.raises(SystemExit) as stop:

@@ -55,7 +55,7 @@ def test_generate_takes_strings_token_ids_and_chats_and_keeps_order(llm):
     prompts = ["Hello there", [1, 2, 3, 4], {"prompt": "Hi!"}, {"prompt_token_ids": [7, 8, 9]}, "A longer prompt, " * 5]
     params = [SamplingParams(temperature=0, max_tokens=m, ignore_eos=True) for m in (3, 5, 2, 4, 4)]
     outputs = llm.generate(prompts, params, use_tqdm=False)
-    assert [o.request_id for o in outputs] == [0, 1, 2, 3, 4]
+    assert [o.request_id for o in outputs] == ["0", "1", "2", "3", "4"]
     assert [len(o.outputs[0].token_ids) for o in outputs] == [3, 5, 2, 4, 4]
     assert outputs[0].prompt == "Hello there" and outputs[1].prompt_token_ids == [1, 2, 3, 4]
     assert outputs[2].prompt == "Hi!" and outputs[3].prompt_token_ids == [7, 8, 9]

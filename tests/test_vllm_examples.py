@@ -84,3 +84,23 @@ def test_structured_outputs():
     car = llm.generate("A car as JSON:", SamplingParams(max_tokens=60, structured_outputs=StructuredOutputsParams(
         json=schema)), use_tqdm=False)[0]
     jsonschema.validate(json.loads(car.outputs[0].text), schema)
+
+
+def test_request_outputs_carry_vllms_fields(tmp_path):
+    import shutil
+
+    from nanoserve.model.zoo import resolve_model
+    folder = tmp_path / "tokenizer"  # a tokenizer of its own (here a copy of the model's, in another folder)
+    folder.mkdir()
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(resolve_model("tiny-qwen3") / name, folder / name)
+    llm = LLM(**MODEL, tokenizer=str(folder))
+    assert str(folder) in str(llm.tokenizer.name_or_path)
+    outs = llm.generate(PROMPTS[:2], SamplingParams(max_tokens=5, logprobs=2, prompt_logprobs=1, n=2), use_tqdm=False)
+    assert [o.request_id for o in outs] == ["0", "1"]  # vLLM's ids are strings
+    for out in outs:
+        m = out.metrics
+        assert m.arrival_time <= m.first_scheduled_time <= m.first_token_time <= m.last_token_time == m.finished_time
+        assert m.time_in_queue >= 0
+        for step in out.outputs[0].logprobs + out.prompt_logprobs[1:]:
+            assert all(lp.decoded_token == llm.tokenizer.decode([t]) for t, lp in step.items())

@@ -39,8 +39,22 @@ class CompletionOutput:
 
 
 @dataclass
+class RequestMetrics:
+    """vLLM's per-request timings, in wall-clock seconds (time.time()); over a request's n completions."""
+    arrival_time: float
+    first_scheduled_time: float | None
+    first_token_time: float | None
+    last_token_time: float | None
+    finished_time: float | None  # its last completion's last token (None: it failed before any)
+
+    @property
+    def time_in_queue(self) -> float | None:
+        return None if self.first_scheduled_time is None else self.first_scheduled_time - self.arrival_time
+
+
+@dataclass
 class RequestOutput:
-    request_id: int  # the prompt's index in the call
+    request_id: str  # the prompt's index in the call, as a string (vLLM's ids are strings)
     prompt: str | None
     prompt_token_ids: list[int]
     outputs: list[CompletionOutput] = field(default_factory=list)
@@ -48,6 +62,7 @@ class RequestOutput:
     error: str | None = None
     num_cached_tokens: int = 0  # prompt tokens found in the prefix cache (of its first completion)
     prompt_logprobs: list[dict[int, float] | None] | None = None  # per prompt token (SamplingParams(prompt_logprobs=k))
+    metrics: RequestMetrics | None = None  # when it arrived, was first scheduled, got its first and last token
 
 
 class StreamItem(tuple):
@@ -167,6 +182,16 @@ def complete_output(out: RequestOutput, seqs: list[Sequence]) -> None:
                                             total, c.stop_reason))
     first = min(seqs, key=lambda s: s.index)
     out.num_cached_tokens, out.prompt_logprobs = first.num_cached_tokens, first.prompt_logprobs  # forks never look
+    entries = [(token, logprob) for steps in [first.prompt_logprobs or [], *(s.logprobs or [] for s in seqs)]
+               for step in steps for token, logprob in (step or {}).items()]
+    if entries and first.tokenizer is not None:  # vLLM's Logprob.decoded_token, in one call
+        for (_, logprob), text in zip(entries, first.tokenizer.batch_decode([[t] for t, _ in entries])):
+            logprob.decoded_token = text
+    times = [s.first_scheduled_time for s in seqs if s.first_scheduled_time is not None], \
+        [s.first_token_time for s in seqs if s.first_token_time is not None], \
+        [s.last_token_time for s in seqs if s.last_token_time is not None]
+    out.metrics = RequestMetrics(first.arrival_time, min(times[0], default=None), min(times[1], default=None),
+                                 max(times[2], default=None), max(times[2], default=None))
     out.finished = True
 
 
@@ -238,6 +263,7 @@ class EngineArgs:
     cpu_kv_cache_gib: float = 1.0  # the KV pool's memory on a CPU
     fused_ops: bool = True  # lesson 06's fused model (False: lesson 01's)
     generation_config: str = "auto"  # sampling defaults: "auto" (the checkpoint's), "vllm" (none) or a folder
+    tokenizer: str | None = None  # a tokenizer directory or zoo name of its own (None: the model's)
     record_steps: int = 0  # keep the last N steps' records (engine.steps), for pictures
     parts: EngineParts = field(default_factory=EngineParts)
 
@@ -298,7 +324,8 @@ class LLM:
         # launched while the GPU runs this one
         self.async_scheduling = not self.enforce_eager if args.async_scheduling is None else args.async_scheduling
         dtype = resolve_dtype(args.dtype, path, device)
-        self.tokenizer = load_tokenizer(path)
+        tokenizer = path if args.tokenizer is None else Path(args.tokenizer).expanduser()
+        self.tokenizer = load_tokenizer(tokenizer if tokenizer.is_dir() else resolve_model(args.tokenizer))
         self.workers = None  # lesson 07's tensor parallelism: the processes of ranks 1.., and their slices
         if args.tensor_parallel_size > 1:
             self.workers = args.parts.get("tp_workers")(path, dtype, device, args.tensor_parallel_size,
@@ -424,11 +451,11 @@ class LLM:
                 try:
                     first = engine.add_request(ids, sp)
                 except ValueError as e:  # well formed, but it cannot be served: this request fails alone
-                    outputs.append(RequestOutput(i, text, ids, [CompletionOutput(0, "", [], "error")], True,
+                    outputs.append(RequestOutput(str(i), text, ids, [CompletionOutput(0, "", [], "error")], True,
                                                  f"prompt {i}: {e}"))
                     continue
                 seqs.update((s.seq_id, (i, s)) for s in [first, *first.forks])
-                outputs.append(RequestOutput(i, text, first.prompt_ids, finished=False))  # truncated, maybe
+                outputs.append(RequestOutput(str(i), text, first.prompt_ids, finished=False))  # truncated, maybe
         except BaseException:
             self._abort(seqs)
             raise
@@ -505,9 +532,9 @@ class LLM:
         outputs, seqs = self._submit(self._encode(prompts), sampling_params)
         for _, seq in seqs.values():
             seq.stream_text()
-        for out in outputs:
+        for i, out in enumerate(outputs):
             if out.error:
-                yield StreamItem(out.request_id, out.error, None, True)
+                yield StreamItem(i, out.error, None, True)
         run = self._run(seqs)
         try:
             for d in run:  # a failed sequence says why in place of its text

@@ -3,6 +3,7 @@
 
 """The engine loop: LLMEngine.step() runs one scheduling step."""
 import random
+import time
 from collections import deque
 from dataclasses import dataclass
 
@@ -178,6 +179,8 @@ class LLMEngine:
         if token is not None:
             seq.append(token)
             seq.num_placeholders -= 1  # the placeholder is a token now
+            seq.last_token_time = time.time()
+            seq.first_token_time = seq.first_token_time or seq.last_token_time
             if seq.logprobs is not None:
                 seq.logprobs.append(lp)
             if seq.finish_reason is not None:

@@ -190,11 +190,12 @@ def record_event(tensor: torch.Tensor) -> torch.cuda.Event | None:
 
 
 class Logprob(float):
-    """A log-probability (use it as a float) with vLLM's Logprob attributes: .logprob and .rank (1 = likeliest)."""
+    """A log-probability (use it as a float) with vLLM's Logprob attributes: .logprob, .rank (1 = likeliest) and
+    .decoded_token (the token's text, filled in when the request's output is complete)."""
 
     def __new__(cls, value: float, rank: int):
         item = super().__new__(cls, value)
-        item.rank = rank
+        item.rank, item.decoded_token = rank, None
         return item
 
     @property

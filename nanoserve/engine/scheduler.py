@@ -4,6 +4,7 @@
 """The scheduler: which sequences run in the next step, and how many tokens each computes. It is the
 engine's only allocator (cache.reserve, cache.grow, cache.fork), and it counts a step's work when it
 schedules it, so that the next step can be scheduled before this one has run (async scheduling)."""
+import time
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -28,6 +29,8 @@ class ScheduledBatch:
         """n of seq's tokens go in this step, and are counted at once: from now on seq.num_computed
         includes them, and the token it will sample is a placeholder until the step is processed."""
         start, samples = seq.num_computed, seq.num_computed + n == seq.length
+        if seq.first_scheduled_time is None:
+            seq.first_scheduled_time = time.time()
         self.seqs.append(seq)
         self.num_new.append(n)
         self.starts.append(start)

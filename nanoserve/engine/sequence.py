@@ -2,6 +2,7 @@
 # Edit the notebook, then run `make export` (python tools/export.py).
 
 """A request as the scheduler sees it: lesson 02's Request, plus its status and cache progress."""
+import time
 from enum import Enum
 
 from nanoserve.engine.request import Request
@@ -26,6 +27,9 @@ class Sequence(Request):
         self.logprobs: list[dict[int, float]] | None = [] if params.logprobs is not None else None
         self.error: str | None = None  # why it failed alone (finish_reason "error"; LLMEngine.fail)
         self.num_cached_tokens = 0  # of its prompt, found in the prefix cache when first admitted
+        # For RequestOutput.metrics (vLLM's RequestMetrics), wall-clock seconds (time.time())
+        self.arrival_time, self.first_scheduled_time = time.time(), None
+        self.first_token_time = self.last_token_time = None
         # prompt_logprobs: an entry per prompt token, as steps compute them (the first token has none). The
         # request's first completion scores the prompt; the others start from its computed prompt.
         self.prompt_logprobs = [None] if params.prompt_logprobs is not None and index == 0 else None
