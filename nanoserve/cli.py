@@ -171,24 +171,46 @@ def add_serve_parser(sub) -> None:
 def add_bench_serve_parser(sub) -> None:
     """`nanoserve bench-serve`: the serving benchmark against any OpenAI-compatible server."""
     bench = sub.add_parser("bench-serve", help="benchmark a running OpenAI-compatible server (like vllm bench serve)")
-    bench.add_argument("--base-url", default="http://127.0.0.1:8000", help="the server, without /v1")
+    bench.add_argument("--base-url", default=None, help="the server, without /v1 (default: http://HOST:PORT)")
+    bench.add_argument("--host", default="127.0.0.1")
+    bench.add_argument("--port", type=int, default=8000)
     bench.add_argument("--model", required=True, help="the model name the server expects")
     bench.add_argument("--tokenizer", default=None,
                        help="the model whose tokenizer turns workload token ids into text (default: --model)")
-    bench.add_argument("--endpoint", choices=["completions", "chat"], default="completions")
+    bench.add_argument("--endpoint", default="completions",
+                       help="completions or chat (or vLLM's paths: /v1/completions, /v1/chat/completions)")
+    bench.add_argument("--backend", choices=["vllm", "openai", "openai-chat"], default=None,
+                       help="vLLM's: openai-chat is --endpoint chat; vllm and openai are completions")
     bench.add_argument("--request-rate", nargs="+", default=["inf"],
                        help="requests per second (Poisson arrivals), or inf; several rates run one after another")
+    bench.add_argument("--max-concurrency", type=_positive_int, default=None,
+                       help="at most this many requests in flight (default: no limit)")
     bench.add_argument("--num-prompts", type=_positive_int, default=64)
+    bench.add_argument("--dataset-name", choices=["course", "random", "custom"], default="course",
+                       help="course: the course workload (--max-input-len, --max-output-len); random: vLLM's random "
+                            "prompts (--random-input-len, --random-output-len, --random-range-ratio); custom: "
+                            "--dataset-path")
     bench.add_argument("--max-input-len", type=_positive_int, default=1024)
     bench.add_argument("--max-output-len", type=_positive_int, default=1024)
-    bench.add_argument("--dataset", default=None,
+    bench.add_argument("--random-input-len", type=_positive_int, default=1024)
+    bench.add_argument("--random-output-len", type=_positive_int, default=128)
+    bench.add_argument("--random-range-ratio", type=float, default=0.0)
+    bench.add_argument("--dataset", "--dataset-path", dest="dataset", default=None,
                        help="a JSON list of {\"prompt\": str, \"max_tokens\": int} instead of the course workload")
     bench.add_argument("--extra-body", default=None,
                        help="JSON fields sent with every request (default: temperature 0.6, ignore_eos, "
                             "stream_options.include_usage; give '{\"temperature\": 0.6}' to a server that rejects extras)")
+    bench.add_argument("--ignore-eos", action="store_true", help="send ignore_eos: true (on by default here)")
+    bench.add_argument("--percentile-metrics", default="ttft,tpot,itl",
+                       help="the latencies to report: a comma-separated list of ttft, tpot, itl, e2el")
+    bench.add_argument("--metric-percentiles", default="99", help="their percentiles, besides the median: e.g. 50,90,99")
     bench.add_argument("--api-key", default=None)
     bench.add_argument("--seed", type=int, default=0)
     bench.add_argument("--out", default=None, help="write the results as JSON here")
+    bench.add_argument("--save-result", action="store_true",
+                       help="vLLM's: write the JSON to --result-dir/--result-filename (default: a dated name here)")
+    bench.add_argument("--result-dir", default=None)
+    bench.add_argument("--result-filename", default=None)
     bench.add_argument("--plot", default=None, help="draw latency against request rate here (several rates)")
 
 
@@ -304,6 +326,15 @@ def run(args) -> int:
     if args.command == "bench-serve":
         from nanoserve.serve.benchmark import main as bench_serve_main
 
+        args.base_url = args.base_url or f"http://{args.host}:{args.port}"
+        endpoint = {"/v1/completions": "completions", "/v1/chat/completions": "chat"}.get(args.endpoint, args.endpoint)
+        args.endpoint = "chat" if args.backend == "openai-chat" else endpoint
+        if args.endpoint not in ("completions", "chat"):
+            raise UsageError(f"--endpoint: completions or chat (or /v1/completions, /v1/chat/completions), "
+                             f"got {endpoint!r}")
+        if (args.dataset_name == "custom") != (args.dataset is not None) and not (
+                args.dataset_name == "course" and args.dataset is not None):  # (--dataset alone: custom)
+            raise UsageError("--dataset-name custom and --dataset-path go together")
         return bench_serve_main(args)
     if args.command == "prepare":
         from nanoserve.model.zoo import resolve_model

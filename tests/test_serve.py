@@ -247,6 +247,23 @@ def test_bench_serve_counts_every_token(server, tmp_path):
         assert 0 < s["ttft"]["median_ms"] <= s["ttft"]["p99_ms"] and s["itl"]["median_ms"] > 0
 
 
+def test_bench_serve_takes_vllm_bench_serves_flags(server, tmp_path, capsys):
+    from nanoserve.cli import main
+
+    _, url = server
+    port = url.rsplit(":", 1)[1]
+    assert main(["bench-serve", "--port", port, "--model", MODEL, "--backend", "openai", "--endpoint", "/v1/completions",
+                 "--dataset-name", "random", "--random-input-len", "8", "--random-output-len", "5", "--num-prompts", "6",
+                 "--max-concurrency", "2", "--ignore-eos", "--percentile-metrics", "ttft,e2el", "--metric-percentiles",
+                 "50,90", "--save-result", "--result-dir", str(tmp_path), "--result-filename", "r.json"]) == 0
+    run = json.loads((tmp_path / "r.json").read_text())["runs"][0]
+    assert (run["completed"], run["output_tokens"]) == (6, 30)  # 6 random prompts, 5 tokens each (ignore_eos)
+    assert set(run["e2el"]) == {"median_ms", "p50_ms", "p90_ms"} and run["e2el"]["p90_ms"] >= run["ttft"]["p90_ms"]
+    printed = capsys.readouterr().out
+    assert "E2EL" in printed and "TPOT" not in printed  # the metrics asked for, and only those
+    assert main(["bench-serve", "--port", port, "--model", MODEL, "--dataset-name", "custom"]) == 2  # needs a path
+
+
 def test_sigterm_ends_streams_with_an_error_and_exits_0(server):
     """Runs last: it stops the module's server."""
     proc, url = server

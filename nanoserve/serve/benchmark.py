@@ -13,6 +13,7 @@ It talks plain HTTP (httpx) to any OpenAI-compatible server, so it measures nano
 """
 import asyncio
 import json
+import os
 import random
 import time
 from dataclasses import dataclass, field
@@ -45,6 +46,18 @@ def course_requests(tokenizer, num_prompts: int, max_input_len: int, max_output_
 
     prompts, max_tokens = workload(num_prompts, max_input_len, max_output_len, seed)
     return [BenchRequest(tokenizer.decode(ids), m) for ids, m in zip(prompts, max_tokens)]
+
+
+def random_requests(tokenizer, num_prompts: int, input_len: int, output_len: int, range_ratio: float = 0.0,
+                    seed: int = 0) -> list[BenchRequest]:
+    """vllm bench serve's random dataset: prompts of random token ids (decoded to text), input and output
+    lengths drawn uniformly within range_ratio of input_len and output_len."""
+    if not 0 <= range_ratio < 1:
+        raise ValueError(f"--random-range-ratio must be in [0, 1), got {range_ratio}")
+    rng, vocab = random.Random(seed), tokenizer.vocab_size
+    span = lambda n: rng.randint(max(1, int(n * (1 - range_ratio))), max(1, int(n * (1 + range_ratio))))
+    return [BenchRequest(tokenizer.decode([rng.randrange(vocab) for _ in range(span(input_len))]), span(output_len))
+            for _ in range(num_prompts)]
 
 
 def file_requests(path: str) -> list[BenchRequest]:
@@ -108,8 +121,18 @@ async def send(client: httpx.AsyncClient, url: str, body: dict, endpoint: str, t
 
 
 async def run_at_rate(base_url: str, model: str, requests: list[BenchRequest], rate: float, endpoint: str,
-                      extra: dict, tokenizer, api_key: str | None = None, seed: int = 0) -> dict:
-    """Send every request, spaced by exponential gaps of mean 1/rate (all at once if rate is inf)."""
+                      extra: dict, tokenizer, api_key: str | None = None, seed: int = 0,
+                      max_concurrency: int | None = None, percentiles=(99,)) -> dict:
+    """Send every request, spaced by exponential gaps of mean 1/rate (all at once if rate is inf), at most
+    max_concurrency of them in flight (vllm bench serve's --max-concurrency; None: no limit)."""
+    gate = asyncio.Semaphore(max_concurrency) if max_concurrency else None
+
+    async def limited(client, path, body):
+        if gate is None:
+            return await send(client, path, body, endpoint, tokenizer)
+        async with gate:
+            return await send(client, path, body, endpoint, tokenizer)
+
     path = "/v1/chat/completions" if endpoint == "chat" else "/v1/completions"
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     gaps = random.Random(seed)
@@ -119,34 +142,37 @@ async def run_at_rate(base_url: str, model: str, requests: list[BenchRequest], r
         tasks = []
         for request in requests:
             body = request_body(request, model, endpoint, extra)
-            tasks.append(asyncio.create_task(send(client, path, body, endpoint, tokenizer)))
+            tasks.append(asyncio.create_task(limited(client, path, body)))
             if rate != float("inf"):
                 await asyncio.sleep(gaps.expovariate(rate))
         results = await asyncio.gather(*tasks)
         duration = time.perf_counter() - start
-    return summarize(results, duration, rate)
+    return summarize(results, duration, rate, percentiles)
 
 
-def summarize(results: list[RequestResult], duration: float, rate: float) -> dict:
+def summarize(results: list[RequestResult], duration: float, rate: float, percentiles=(99,)) -> dict:
+    """Throughputs, and per latency metric (TTFT, TPOT, ITL, end-to-end) its median and the percentiles asked."""
     done = [r for r in results if r.ok]
     ms = lambda values: {"median_ms": float(np.median(values)) * 1e3 if values else None,
-                         "p99_ms": float(np.percentile(values, 99)) * 1e3 if values else None}
+                         **{f"p{q:g}_ms": float(np.percentile(values, q)) * 1e3 if values else None
+                            for q in percentiles}}
     tpot = [(r.latency - r.ttft) / (r.output_tokens - 1) for r in done if r.output_tokens > 1]
     output_tokens = sum(r.output_tokens for r in done)
     return {"request_rate": "inf" if rate == float("inf") else rate, "completed": len(done),
             "failed": len(results) - len(done), "errors": sorted({r.error for r in results if not r.ok})[:5],
             "duration_s": duration, "request_throughput": len(done) / duration,
             "output_throughput": output_tokens / duration, "output_tokens": output_tokens,
-            "ttft": ms([r.ttft for r in done]), "tpot": ms(tpot), "itl": ms([g for r in done for g in r.itl])}
+            "ttft": ms([r.ttft for r in done]), "tpot": ms(tpot), "itl": ms([g for r in done for g in r.itl]),
+            "e2el": ms([r.latency for r in done])}
 
 
-def print_summary(s: dict) -> None:
+def print_summary(s: dict, metrics=("ttft", "tpot", "itl")) -> None:
     print(f"rate {s['request_rate']}: {s['completed']} done, {s['failed']} failed in {s['duration_s']:.1f} s; "
           f"{s['request_throughput']:.2f} req/s, {s['output_throughput']:.0f} output tok/s")
-    for name in ("ttft", "tpot", "itl"):
+    for name in metrics:
         m = s[name]
         if m["median_ms"] is not None:
-            print(f"  {name.upper():5s} median {m['median_ms']:9.1f} ms   p99 {m['p99_ms']:9.1f} ms")
+            print(f"  {name.upper():5s} " + "   ".join(f"{k.removesuffix('_ms')} {v:9.1f} ms" for k, v in m.items()))
     for error in s["errors"]:
         print(f"  error: {error}")
 
@@ -162,7 +188,7 @@ def plot_latency(runs: dict[str, list[dict]], path: str) -> None:
     for label, summaries in runs.items():
         rates = [str(s["request_rate"]) for s in summaries]
         for ax, metric in zip(axes, ("ttft", "tpot")):
-            for stat, style in (("median_ms", "o-"), ("p99_ms", "x--")):
+            for stat, style in zip(list(summaries[0][metric])[:2], ("o-", "x--")):  # the median, a percentile
                 ax.plot(rates, [s[metric][stat] for s in summaries], style, label=f"{label} {stat[:-3]}")
         axes[2].plot(rates, [s["output_throughput"] for s in summaries], "o-", label=label)
     for ax, title in zip(axes, ("time to first token (ms)", "time per output token (ms)", "output tok/s")):
@@ -193,16 +219,33 @@ def main(args) -> int:
     from nanoserve.model.zoo import resolve_model
 
     rates = [parse_rate(r) for r in args.request_rate]
+    metrics = [m.strip() for m in args.percentile_metrics.split(",")]
+    if not metrics or not set(metrics) <= {"ttft", "tpot", "itl", "e2el"}:
+        raise ValueError(f"--percentile-metrics: a comma-separated list of ttft, tpot, itl, e2el, got "
+                         f"{args.percentile_metrics!r}")
+    percentiles = [float(q) for q in args.metric_percentiles.split(",")]
+    if not all(0 < q <= 100 for q in percentiles):
+        raise ValueError(f"--metric-percentiles: numbers in (0, 100], got {args.metric_percentiles!r}")
     tokenizer = load_tokenizer(resolve_model(args.tokenizer or args.model))
-    requests = file_requests(args.dataset) if args.dataset else course_requests(
-        tokenizer, args.num_prompts, args.max_input_len, args.max_output_len, args.seed)
+    if args.dataset_name == "random":
+        requests = random_requests(tokenizer, args.num_prompts, args.random_input_len, args.random_output_len,
+                                   args.random_range_ratio, args.seed)
+    elif args.dataset:
+        requests = file_requests(args.dataset)
+    else:
+        requests = course_requests(tokenizer, args.num_prompts, args.max_input_len, args.max_output_len, args.seed)
     extra = json.loads(args.extra_body or DEFAULT_EXTRA_BODY)
+    if args.ignore_eos:
+        extra["ignore_eos"] = True
     summaries = []
     for rate in rates:
         summary = asyncio.run(run_at_rate(args.base_url, args.model, requests, rate, args.endpoint, extra, tokenizer,
-                                          args.api_key, args.seed))
-        print_summary(summary)
+                                          args.api_key, args.seed, args.max_concurrency, percentiles))
+        print_summary(summary, metrics)
         summaries.append(summary)
+    if args.save_result:  # vllm bench serve's way to ask for the JSON
+        name = args.result_filename or f"nanoserve-bench-{time.strftime('%Y%m%d-%H%M%S')}.json"
+        args.out = os.path.join(args.result_dir or ".", name)
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"base_url": args.base_url, "model": args.model, "endpoint": args.endpoint,
