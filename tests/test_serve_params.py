@@ -198,6 +198,20 @@ def test_a_batch_of_prompts_gets_n_choices_each_in_order(client, llm, prompts):
     assert too_long.status_code == 400 and not llm_engine_busy(client)
 
 
+def test_a_streamed_batch_gives_each_prompts_choices_their_own_indices(client, llm):
+    api = openai.OpenAI(base_url="http://testserver/v1", api_key="none", http_client=client)
+    prompts = ["The sky is", "Two plus two", "Once"]
+    texts, usage = {}, None
+    for event in api.completions.create(model="tiny-qwen3", prompt=prompts, max_tokens=5, temperature=0.7, seed=5,
+                                        n=2, stream=True, stream_options={"include_usage": True}):
+        for choice in event.choices:
+            texts[choice.index] = texts.get(choice.index, "") + choice.text
+        usage = event.usage or usage
+    want = llm.generate(prompts, SamplingParams(max_tokens=5, temperature=0.7, seed=5, n=2), use_tqdm=False)
+    assert [texts[i] for i in range(6)] == [c.text for out in want for c in out.outputs]
+    assert usage.prompt_tokens == sum(len(out.prompt_token_ids) for out in want)
+
+
 def llm_engine_busy(client) -> bool:
     """Whether the engine still runs anything, a moment after the reply (an abort takes effect before its next step)."""
     import time

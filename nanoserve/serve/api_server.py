@@ -212,19 +212,47 @@ def build_app(llm, model_name: str, max_waiting_requests: int = 256, api_key: st
         finally:
             stream.abort()  # finished: nothing to do; otherwise nothing more is computed for it
 
-    async def events(stream: RequestStream, request_id: str, chat: bool, include_usage: bool):
-        """The server-sent events of one streamed request, ending in `data: [DONE]`."""
-        params, counts = stream.params, [0] * stream.params.n
-        top = params.logprobs or 0
-        tail = None
+    async def merged(streams: list[RequestStream]):
+        """(which stream, delta) from several request streams (a batch of prompts), in the order they come."""
+        queue: asyncio.Queue = asyncio.Queue()
+
+        async def pump(i: int, stream: RequestStream) -> None:
+            try:
+                async for delta in stream:
+                    queue.put_nowait((i, delta))
+                queue.put_nowait((i, None))
+            except BaseException as e:  # the engine failed or stopped: the whole response ends with it
+                queue.put_nowait((i, e))
+
+        tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(streams)]
+        try:
+            left = len(streams)
+            while left:
+                i, item = await queue.get()
+                if isinstance(item, BaseException):
+                    raise item
+                if item is None:
+                    left -= 1
+                else:
+                    yield i, item
+        finally:
+            for task in tasks:
+                task.cancel()
+
+    async def events(streams: list[RequestStream], request_id: str, chat: bool, include_usage: bool):
+        """The server-sent events of one streamed request (a batch of prompts: choice i * n + k is prompt i's
+        completion k), ending in `data: [DONE]`."""
+        params = streams[0].params
+        counts, top, tail = [0] * (params.n * len(streams)), params.logprobs or 0, None
         try:
             if chat:  # the first chunk of each choice names the role, as OpenAI's does
                 yield sse(chunk(request_id, model_name, True,
                                 [{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                                   "finish_reason": None} for i in range(params.n)], None, include_usage))
-            async for delta in stream:
-                counts[delta.index] += 1
-                choice = {"index": delta.index, "finish_reason": delta.finish_reason, "logprobs": None}
+            async for which, delta in merged(streams):
+                index = which * params.n + delta.index
+                counts[index] += 1
+                choice = {"index": index, "finish_reason": delta.finish_reason, "logprobs": None}
                 if chat:
                     choice["delta"] = {"content": delta.text}
                     if delta.logprobs is not None:
@@ -235,11 +263,13 @@ def build_app(llm, model_name: str, max_waiting_requests: int = 256, api_key: st
                         choice["logprobs"] = completion_logprobs(tokenizer, [delta.token_id], [delta.logprobs])
                 yield sse(chunk(request_id, model_name, chat, [choice], None, include_usage))
             if include_usage:
-                yield sse(chunk(request_id, model_name, chat, [], usage(len(stream.prompt_ids), sum(counts)), True))
+                prompt_tokens = sum(len(s.prompt_ids) for s in streams)
+                yield sse(chunk(request_id, model_name, chat, [], usage(prompt_tokens, sum(counts)), True))
         except (EngineStopped, RuntimeError) as e:  # the server is stopping, or a step failed
             tail = error_body(str(e), "server_error", 503 if isinstance(e, EngineStopped) else 500)
         finally:
-            stream.abort()  # a client that went away lands here (GeneratorExit): its blocks are freed
+            for stream in streams:  # a client that went away lands here (GeneratorExit): its blocks are freed
+                stream.abort()
         if tail is not None:
             yield sse(tail)
         yield sse("[DONE]")
@@ -303,8 +333,6 @@ def build_app(llm, model_name: str, max_waiting_requests: int = 256, api_key: st
         check_limits(body, max_logprobs)
         prompts = body.prompt if isinstance(body.prompt, list) and body.prompt and not isinstance(body.prompt[0], int) \
             else [body.prompt]  # a batch: a list of strings, or of token-id lists
-        if body.stream and len(prompts) > 1:
-            raise BadRequest("prompt: a batch of prompts cannot be streamed yet; send them one per request", "prompt")
         if body.echo and body.stream:
             raise BadRequest("echo cannot be streamed yet: send it with stream: false", "echo")
         params = sampling_params(body, body.max_tokens, body.logprobs, default_max_tokens=16,
@@ -321,7 +349,7 @@ def build_app(llm, model_name: str, max_waiting_requests: int = 256, api_key: st
             request_id = f"cmpl-{body.request_id}" if body.request_id else new_id("cmpl")  # vLLM's request_id
             if body.stream:
                 include_usage = body.stream_options is not None and body.stream_options.include_usage
-                return streaming(events(streams[0], request_id, False, include_usage))
+                return streaming(events(streams, request_id, False, include_usage))
             for stream in streams:
                 await wait_for_all(stream, request)
         except BaseException:  # one prompt refused, or the client gone: the batch's other requests end too
@@ -372,7 +400,7 @@ def build_app(llm, model_name: str, max_waiting_requests: int = 256, api_key: st
         request_id = f"chatcmpl-{body.request_id}" if body.request_id else new_id("chatcmpl")
         if body.stream:
             include_usage = body.stream_options is not None and body.stream_options.include_usage
-            return streaming(events(stream, request_id, True, include_usage))
+            return streaming(events([stream], request_id, True, include_usage))
         await wait_for_all(stream, request)
         choices = []
         for seq in sorted(stream.seqs, key=lambda s: s.index):
