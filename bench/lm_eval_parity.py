@@ -62,7 +62,7 @@ def tasks(folder: Path) -> list[str]:
     (folder / "nano_gen.yaml").write_text(
         f"task: nano_gen\n{common}dataset_kwargs:\n  data_files:\n    test: {folder / 'gen.jsonl'}\n"
         "output_type: generate_until\ndoc_to_text: '{{question}}'\ndoc_to_target: '{{answer}}'\n"
-        "generation_kwargs:\n  until: ['\\n', ',']\n  max_gen_toks: 8\n  do_sample: false\n  temperature: 0\n"
+        "generation_kwargs:\n  until: [\"\\n\", \",\"]\n  max_gen_toks: 8\n  do_sample: false\n  temperature: 0\n"
         "metric_list:\n  - metric: exact_match\n")
     return ["nano_mc", "nano_ppl", "nano_gen"]
 
@@ -140,6 +140,7 @@ def main() -> None:
     gen = [(s["filtered_resps"], t["filtered_resps"]) for s, t in zip(
         sorted(ours["samples"]["nano_gen"], key=lambda s: s["doc_id"]), sorted(hf["samples"]["nano_gen"], key=lambda s: s["doc_id"]))]
     report["generate_until_same_text"] = f"{sum(a == b for a, b in gen)}/{len(gen)}"
+    report["generate_until_examples"] = [a for a, _ in gen[:5]]  # (nanoserve's; the targets are " a+b")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
     print(json.dumps({k: v for k, v in report.items()}, indent=1))
