@@ -137,7 +137,8 @@ def add_serve_parser(sub) -> None:
                        help="the most log-probs a request may ask for per token; more get HTTP 400 (default 20)")
     serve.add_argument("--max-model-len", type=_model_len, default=4096, help="tokens, or like 2k / 2K")
     serve.add_argument("--max-num-seqs", type=_positive_int, default=256)
-    serve.add_argument("--max-num-batched-tokens", type=_positive_int, default=8192)
+    serve.add_argument("--max-num-batched-tokens", type=_positive_int, default=8192,
+                       help="tokens per step (default 8192, below LLM's 16384: a shorter step keeps TTFT and ITL down)")
     serve.add_argument("--block-size", type=_positive_int, default=16)
     serve.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True)
     serve.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction, default=True)
