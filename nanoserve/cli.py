@@ -152,6 +152,8 @@ def add_serve_parser(sub) -> None:
     serve.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     serve.add_argument("--num-gpu-blocks-override", type=_positive_int, default=None)
     serve.add_argument("--seed", type=int, default=0)
+    serve.add_argument("--trust-request-chat-template", action="store_true",
+                       help="let a chat request bring its own chat_template (rendered in transformers' sandbox)")
     serve.add_argument("--tokenizer", default=None,
                        help="a tokenizer directory or zoo name of its own (default: the model's); no remote code")
     serve.add_argument("--generation-config", default="auto",
@@ -307,7 +309,8 @@ def serve(args) -> int:
         path = os.path.expanduser(args.chat_template)
         llm.tokenizer.chat_template = open(path).read() if os.path.isfile(path) else args.chat_template
     serve_http(llm, names[0] if names else args.model, args.host, args.port, args.max_waiting_requests,
-               args.api_key, log_level=args.uvicorn_log_level)
+               args.api_key, log_level=args.uvicorn_log_level,
+               trust_request_chat_template=args.trust_request_chat_template)
     return 0
 
 

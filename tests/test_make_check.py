@@ -13,7 +13,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 from lesson_source import ROOT, export
 
 sys.path.insert(0, str(ROOT / "tools"))

@@ -244,3 +244,16 @@ def test_vllms_request_id_names_the_response(client):
     for endpoint, prefix in (("completions", "cmpl-"), ("chat/completions", "chatcmpl-")):
         reply = client.post(f"/v1/{endpoint}", json={**body_for(endpoint), "request_id": "abc"}).json()
         assert reply["id"] == f"{prefix}abc"
+
+
+def test_a_requests_own_chat_template_needs_the_servers_flag_and_is_sandboxed(llm):
+    body = {"model": "tiny-qwen3", "max_tokens": 2, "messages": CHAT,
+            "chat_template": "{% for m in messages %}[{{ m['content'] }}]{% endfor %}"}
+    with TestClient(build_app(llm, "tiny-qwen3")) as plain:
+        refused = plain.post("/v1/chat/completions", json=body)
+        assert refused.status_code == 400 and refused.json()["error"]["param"] == "chat_template"
+    with TestClient(build_app(llm, "tiny-qwen3", trust_request_chat_template=True)) as trusting:
+        reply = trusting.post("/v1/chat/completions", json=body)
+        assert reply.json()["usage"]["prompt_tokens"] == len(llm.tokenizer.encode("[Say something.]"))
+        escape = trusting.post("/v1/chat/completions", json={**body, "chat_template": "{{ ''.__class__.__mro__ }}"})
+        assert escape.status_code == 400 and "template" in escape.json()["error"]["message"], escape.text

@@ -104,3 +104,9 @@ def test_request_outputs_carry_vllms_fields(tmp_path):
         assert m.time_in_queue >= 0
         for step in out.outputs[0].logprobs + out.prompt_logprobs[1:]:
             assert all(lp.decoded_token == llm.tokenizer.decode([t]) for t, lp in step.items())
+
+
+def test_nano_vllms_example_reads_outputs_as_dicts():
+    llm = LLM(**MODEL)
+    outputs = llm.generate(["introduce yourself"], SamplingParams(temperature=0.6, max_tokens=8), use_tqdm=False)
+    assert outputs[0]["text"] == outputs[0].outputs[0].text and outputs[0]["token_ids"] == outputs[0].outputs[0].token_ids

@@ -69,7 +69,7 @@ class StepMetadataBuilder:
         runner copies it there on the device: async scheduling). scored: more rows whose logits the step
         computes, after the sampled ones (prompt tokens being scored: lesson 05's prompt_logprobs)."""
         self.next_buffer()
-        h, d, num_seqs = self.h, self.d, len(seqs)
+        h, num_seqs = self.h, len(seqs)
         num_new = np.array([len(tokens) for _, _, tokens in seqs], dtype=np.int64)
         num_tokens = int(num_new.sum())
         if not 0 < num_seqs <= self.max_num_seqs or num_tokens > self.max_num_tokens or (num_new < 1).any():

@@ -64,6 +64,13 @@ class RequestOutput:
     prompt_logprobs: list[dict[int, float] | None] | None = None  # per prompt token (SamplingParams(prompt_logprobs=k))
     metrics: RequestMetrics | None = None  # when it arrived, was first scheduled, got its first and last token
 
+    def __getitem__(self, key: str):
+        """nano-vllm's outputs are dicts: output["text"] and output["token_ids"] (of the first completion)."""
+        if key not in ("text", "token_ids"):
+            raise KeyError(f"{key!r}: a RequestOutput gives 'text' and 'token_ids' as nano-vllm's dicts do; "
+                           f"the rest are attributes (vLLM's)")
+        return getattr(self.outputs[0], key)
+
 
 class StreamItem(tuple):
     """What LLM.stream yields: (prompt index, new text, new token id, finished), and `.completion`, which of

@@ -57,6 +57,7 @@ class StructuredOutputsParams:
 
 
 _LL_TOKENIZERS: dict = {}  # id(tokenizer) -> (tokenizer, its llguidance twin): building one takes a second
+_CHECKED: set = set()  # (id of the twin, grammar) pairs validated already (the server checks off its event loop)
 
 
 def ll_tokenizer(tokenizer) -> llguidance.LLTokenizer:
@@ -74,9 +75,11 @@ def grammar_matcher(tokenizer, spec: StructuredOutputsParams) -> llguidance.LLMa
         ll, grammar = ll_tokenizer(tokenizer), spec.grammar_text()
     except Exception as e:  # a JSON schema or grammar llguidance cannot read
         raise ValueError(f"structured_outputs: {e}") from None
-    error = llguidance.LLMatcher.validate_grammar(grammar, ll)
-    if error:
-        raise ValueError(f"structured_outputs: {error}")
+    if (id(ll), grammar) not in _CHECKED:  # the full compile; the matcher below builds its parser lazily
+        error = llguidance.LLMatcher.validate_grammar(grammar, ll)
+        if error:
+            raise ValueError(f"structured_outputs: {error}")
+        _CHECKED.add((id(ll), grammar))
     return llguidance.LLMatcher(ll, grammar)
 
 

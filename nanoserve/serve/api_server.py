@@ -98,8 +98,10 @@ class GuardV1:
 
 
 def build_app(llm, model_name: str, max_waiting_requests: int = 256, api_key: str | None = None,
-              max_body_bytes: int = MAX_BODY_BYTES) -> FastAPI:
-    """The app for one loaded LLM. Its AsyncEngine starts with the server's event loop (lifespan)."""
+              max_body_bytes: int = MAX_BODY_BYTES, trust_request_chat_template: bool = False) -> FastAPI:
+    """The app for one loaded LLM. Its AsyncEngine starts with the server's event loop (lifespan).
+    trust_request_chat_template: a chat request may bring its own template (vLLM's flag of that name;
+    transformers renders templates in a sandboxed Jinja environment)."""
     metrics = ServerMetrics(model_name)
     tokenizer = llm.tokenizer
     max_logprobs = getattr(llm, "max_logprobs", 20)  # the LLM's cap (vLLM's default: 20)
@@ -170,6 +172,11 @@ def build_app(llm, model_name: str, max_waiting_requests: int = 256, api_key: st
             raise BadRequest("continue_final_message continues an assistant message: the last message must be one",
                              "continue_final_message")
         kwargs = {"enable_thinking": False, **(body.chat_template_kwargs or {})}
+        if getattr(body, "chat_template", None) is not None:
+            if not trust_request_chat_template:
+                raise BadRequest("chat_template: a request's own template needs the server's "
+                                 "--trust-request-chat-template (the model's template is used otherwise)", "chat_template")
+            kwargs["chat_template"] = body.chat_template
         if getattr(body, "tools", None):  # the template describes them to the model (Qwen3: in the system turn)
             kwargs["tools"] = body.tools
         try:
@@ -441,9 +448,10 @@ class Server(uvicorn.Server):
 
 
 def serve(llm, model_name: str, host: str = "127.0.0.1", port: int = 8000, max_waiting_requests: int = 256,
-          api_key: str | None = None, log_level: str = "warning") -> None:
+          api_key: str | None = None, log_level: str = "warning", trust_request_chat_template: bool = False) -> None:
     """Serve until SIGINT or SIGTERM."""
-    app = build_app(llm, model_name, max_waiting_requests, api_key)
+    app = build_app(llm, model_name, max_waiting_requests, api_key,
+                    trust_request_chat_template=trust_request_chat_template)
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5)
     print(f"nanoserve: serving {model_name} on http://{host}:{port} (Ctrl-C to stop)", flush=True)
     asyncio.run(Server(config, app).serve())

@@ -61,7 +61,6 @@ REFUSED = {
     "audio": "audio output is not supported", "modalities": "only text output is supported",
     "reasoning_effort": "reasoning_effort is not supported (Qwen3's thinking: chat_template_kwargs)",
     "web_search_options": "web search is not supported", "verbosity": "verbosity is not supported",
-    "chat_template": "a request's own chat_template is not accepted (the model's template is used)",
     "documents": "documents (retrieval-augmented templates) are not supported",
     "priority": "priority scheduling is not supported (requests are served first come, first served)",
     "spaces_between_special_tokens": "spaces_between_special_tokens=false is not supported",
@@ -169,7 +168,7 @@ class ChatCompletionRequest(SamplingRequest, ChatTemplateOptions):
     reasoning_effort: Any = None
     web_search_options: Any = None
     verbosity: Any = None
-    chat_template: Any = None
+    chat_template: str | None = None  # the request's own template: only with --trust-request-chat-template
     documents: Any = None
     moderation: Any = None
     echo: Any = None
