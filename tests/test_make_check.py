@@ -51,10 +51,10 @@ def rows(stdout: str) -> dict[str, str]:
     return found
 
 
-def write_lessons(folder: Path, source: str) -> None:
+def write_lessons(folder: Path, source: str, lessons: list[str] | None = None) -> None:
     """lessons/ as the exporter generates it now ("pristine") or the solved notebooks ("solved")."""
     generated = export.generate(ROOT) if source == "pristine" else None
-    for name in LESSONS:
+    for name in lessons or LESSONS:
         text = (generated[Path("lessons", f"{name}.ipynb")] if generated
                 else (ROOT / "solutions" / f"{name}.ipynb").read_text(encoding="utf-8"))
         (folder / f"{name}.ipynb").write_text(text, encoding="utf-8")
@@ -76,10 +76,12 @@ def test_untouched_stubs_fail_every_exercise_each_named(tmp_path):
 
 
 def test_solved_notebooks_pass_every_exercise(tmp_path):
-    write_lessons(tmp_path, "solved")
+    # Two lessons through the tool: nbval runs every solved notebook's check cells (CI's time)
+    some = ["03_paged_attention", "05_scheduler"]
+    write_lessons(tmp_path, "solved", some)
     result = make_check(tmp_path)
     table = rows(result.stdout)
-    names = [name for lesson in LESSONS for name in exercises(lesson)]
+    names = [name for lesson in some for name in exercises(lesson)]
     assert result.returncode == 0, result.stdout + result.stderr[-2000:]
     assert table == {name: "✓" for name in names}
     assert f"{len(names)} passed, 0 failed" in result.stdout

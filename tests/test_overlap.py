@@ -49,9 +49,10 @@ def outputs(llm, params):
     return [[(c.token_ids, c.finish_reason, c.text) for c in o.outputs] for o in llm.generate(PROMPTS, params, use_tqdm=False)]
 
 
-@pytest.mark.parametrize("where, exc", [("build", Boom), ("attend", KeyboardInterrupt), ("collect", Boom),
-                                        ("collect", KeyboardInterrupt), ("schedule", KeyboardInterrupt),
-                                        ("update", KeyboardInterrupt), ("launch", Boom)])
+# (build and collect failing with an exception take launch's and collect-with-Ctrl-C's paths: left out for CI's time)
+@pytest.mark.parametrize("where, exc", [("attend", KeyboardInterrupt), ("collect", KeyboardInterrupt),
+                                        ("schedule", KeyboardInterrupt), ("update", KeyboardInterrupt),
+                                        ("launch", Boom)])
 def test_a_failure_in_any_phase_drops_what_was_launched_ahead(where, exc):
     # On the CPU on any machine: a GPU replays graphs, which never call the attend it fails
     llm = LLM("tiny-qwen3", max_model_len=256, num_gpu_blocks_override=512, async_scheduling=True, device="cpu")

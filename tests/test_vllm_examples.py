@@ -5,6 +5,7 @@ import json
 import re
 
 import jsonschema
+import pytest
 
 from nanoserve import LLM, EngineArgs, SamplingParams, StructuredOutputsParams
 
@@ -13,15 +14,19 @@ PROMPTS = ["Hello, my name is", "The president of the United States is", "The ca
            "The future of AI is"]
 
 
-def test_basic():
-    llm = LLM(**MODEL)
+@pytest.fixture(scope="module")
+def llm():
+    with LLM(**MODEL) as llm:
+        yield llm
+
+
+def test_basic(llm):
     outputs = llm.generate(PROMPTS, SamplingParams(temperature=0.8, top_p=0.95))
     assert [o.prompt for o in outputs] == PROMPTS
     assert all(o.outputs[0].text and len(o.outputs[0].token_ids) <= 16 for o in outputs)  # vLLM's default 16
 
 
-def test_chat_with_a_batch_of_conversations_tools_and_a_template():
-    llm = LLM(**MODEL)
+def test_chat_with_a_batch_of_conversations_tools_and_a_template(llm):
     conversation = [{"role": "system", "content": "You are a helpful assistant"},
                     {"role": "user", "content": "Hello"}, {"role": "assistant", "content": "Hello! How can I help?"},
                     {"role": "user", "content": "Write an essay about the importance of higher education."}]
@@ -70,8 +75,7 @@ def test_reproducibility_with_a_seed():
         [o.outputs[0].text for o in LLM(**MODEL, seed=3).generate(PROMPTS, unseeded, use_tqdm=False)]
 
 
-def test_structured_outputs():
-    llm = LLM(**MODEL)
+def test_structured_outputs(llm):
     choice = llm.generate("Classify: great!", SamplingParams(
         structured_outputs=StructuredOutputsParams(choice=["Positive", "Negative"])), use_tqdm=False)[0]
     assert choice.outputs[0].text in ("Positive", "Negative")
@@ -106,7 +110,6 @@ def test_request_outputs_carry_vllms_fields(tmp_path):
             assert all(lp.decoded_token == llm.tokenizer.decode([t]) for t, lp in step.items())
 
 
-def test_nano_vllms_example_reads_outputs_as_dicts():
-    llm = LLM(**MODEL)
+def test_nano_vllms_example_reads_outputs_as_dicts(llm):
     outputs = llm.generate(["introduce yourself"], SamplingParams(temperature=0.6, max_tokens=8), use_tqdm=False)
     assert outputs[0]["text"] == outputs[0].outputs[0].text and outputs[0]["token_ids"] == outputs[0].outputs[0].token_ids
