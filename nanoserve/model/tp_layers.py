@@ -57,7 +57,8 @@ class TPGroup:
             return x
         rows, n = x.shape
         stacked = torch.empty(self.size * rows, n, dtype=x.dtype, device=x.device)  # rank r's x at rows r*rows..
-        dist.all_gather_into_tensor(stacked, x.contiguous())
+        gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor  # torch 2.13's name, 2.11's
+        gather(stacked, x.contiguous())
         return stacked.view(self.size, rows, n).permute(1, 0, 2).reshape(rows, self.size * n)
 
     def split(self, n: int, what: str) -> int:
