@@ -158,57 +158,150 @@ def check_vocab_embedding(group_cls, embedding_cls) -> None:
           "every token's row on both ranks (vocabularies of 12 and 11)")
 
 
-def _tp_logits_on_rank(rank, size, group_cls, shard, model):
+def prompt_logits(model, vocab_size: int) -> torch.Tensor:
+    """Logits of a 12-token prompt spread over the whole vocabulary (every rank's tokens), lesson 01's NoCache."""
     from nanoserve.course.no_cache import NoCache
+
+    ids = (torch.arange(12) * 97 + 5) % vocab_size
+    with torch.inference_mode():
+        return model.compute_logits(model(ids, torch.arange(12), NoCache()))
+
+
+def _tp_logits_on_rank(rank, size, group_cls, shard, model):
     from nanoserve.model.loader import load_model
     from nanoserve.model.qwen3_fused import FusedQwen3ForCausalLM
-    from nanoserve.model.zoo import resolve_model
 
     group = CountingGroup(group_cls(rank, size), shard)
-    tp = load_model(resolve_model(model), torch.float32, "cpu", FusedQwen3ForCausalLM, group=group)
-    ids = torch.arange(12) * 37 % 1000 + 5
-    with torch.inference_mode():
-        logits = tp.compute_logits(tp(ids, torch.arange(12), NoCache()))
-    return logits, group.all_reduces
+    tp = load_model(model, torch.float32, "cpu", FusedQwen3ForCausalLM, group=group)
+    return prompt_logits(tp, tp.full_config.vocab_size), group.all_reduces
+
+
+def expected_slice(name: str, full: torch.Tensor, config, rank: int, size: int) -> tuple[torch.Tensor, str]:
+    """The part of checkpoint tensor `name` (the whole of it: `full`) that rank `rank` of `size` must hold, and
+    which part that is, in words. Worked out from the heads: a rank's query heads are the rank-th share of them,
+    and its K/V heads are the ones those query heads use (one head, shared by several ranks, when there are
+    fewer K/V heads than ranks)."""
+    kind, D = name.rsplit(".", 2)[-2], config.head_dim
+    heads = config.num_heads // size
+    first_kv = rank * heads // (config.num_heads // config.num_kv_heads)  # the K/V head of its first query head
+    kv = max(1, config.num_kv_heads // size)
+    mlp = config.intermediate_size // size
+    vocab = -(-config.vocab_size // size)
+    queries = f"query heads {rank * heads}-{(rank + 1) * heads - 1}"
+    kv_heads = f"K/V heads {first_kv}-{first_kv + kv - 1}" if kv > 1 else f"K/V head {first_kv}"
+    cuts = {"q_proj": (0, rank * heads * D, heads * D, queries),
+            "k_proj": (0, first_kv * D, kv * D, f"{kv_heads}, the one{'s' if kv > 1 else ''} its {queries} use"),
+            "o_proj": (1, rank * heads * D, heads * D, f"the outputs of its {queries}"),
+            "gate_proj": (0, rank * mlp, mlp, "its MLP features"), "down_proj": (1, rank * mlp, mlp, "its MLP features"),
+            "embed_tokens": (0, rank * vocab, vocab, "its tokens")}
+    cuts |= {"v_proj": cuts["k_proj"], "up_proj": cuts["gate_proj"], "lm_head": cuts["embed_tokens"]}
+    if kind not in cuts:
+        return full, "all of it"
+    dim, start, n, what = cuts[kind]
+    part = full.narrow(dim, start, min(n, full.shape[dim] - start))
+    if part.shape[dim] < n:  # the last rank's vocabulary slice: zero padding past the last token
+        part = torch.cat([part, part.new_zeros(n - part.shape[dim], *part.shape[1:])])
+    span = f"{'rows' if dim == 0 else 'columns'} {start}..{start + part.shape[dim] - 1}"
+    return part, f"{span} ({what})"
+
+
+def _where_from(got: torch.Tensor, full: torch.Tensor) -> str:
+    """Where in the whole tensor a rank's slice came from, as far as its first row or column tells."""
+    if not got.any():
+        return "only zeros (a slice that starts past the tensor's end?)"
+    for dim in (0, 1):
+        first = got.select(dim, 0)
+        for i in range(full.shape[dim]):
+            if first.shape == full.select(dim, i).shape and torch.equal(first, full.select(dim, i)):
+                return f"{'rows' if dim == 0 else 'columns'} from {i}"
+    return "values found nowhere in the checkpoint's tensor"
+
+
+def check_slices(group_cls, shard, path, size: int, what: str) -> None:
+    """Each rank of `size` loads its slices of the checkpoint at `path` through lesson 01's load_model and your
+    shard (no collective runs: the loader only reads); every tensor must hold exactly its rank's part."""
+    from nanoserve.model.loader import load_model
+    from nanoserve.model.qwen3_fused import FusedQwen3ForCausalLM
+
+    whole = load_model(path, dtype=torch.float32, device="cpu", model_cls=FusedQwen3ForCausalLM)
+    full, config = whole.checkpoint_tensors(), whole.config
+    for rank in range(size):
+        group = CountingGroup(group_cls(rank, size), shard)
+        try:
+            parts = load_model(path, torch.float32, "cpu", FusedQwen3ForCausalLM, group=group).checkpoint_tensors()
+        except NotImplementedError:  # a stub (a RuntimeError too)
+            raise
+        except (RuntimeError, ValueError) as e:
+            raise AssertionError(f"{what}, rank {rank} of {size}: loading its slices failed ({type(e).__name__}: {e}). "
+                                 f"Does your plan give every cut weight a dimension (0 or 1) and a start inside "
+                                 f"the tensor?") from e
+        for name, got in parts.items():
+            want, which = expected_slice(name, full[name], config, rank, size)
+            if got.shape != want.shape or not torch.equal(got, want):
+                raise AssertionError(f"{what}, rank {rank} of {size}: {name} should hold {which} of the "
+                                     f"checkpoint's {tuple(full[name].shape)}, but holds {_where_from(got, full[name])}")
+
+
+# Model shapes checked slice by slice: (query heads, K/V heads, head_dim, hidden, vocabulary, tied embeddings), TP.
+ONE_KV_HEAD = (4, 1, 64, 128, 512, True)
+NINE_BY_THREE = (9, 3, 16, 80, 511, False)
+SHAPES = [((8, 4, 16, 64, 512, True), 2),  # 2 K/V heads per rank
+          ((8, 4, 16, 64, 512, True), 4),  # 1 per rank
+          (ONE_KV_HEAD, 2),  # the one K/V head on both ranks
+          ((8, 2, 16, 64, 509, False), 4),  # 2 K/V heads, each on 2 of 4 ranks; the last rank's vocabulary padded
+          (NINE_BY_THREE, 3)]  # 3 query heads and 1 K/V head per rank; an untied LM head
+
+
+def _tiny_checkpoint(dest, heads, kv_heads, head_dim, hidden, vocab, tie, seed):
+    from transformers.utils import logging as transformers_logging
+
+    from nanoserve.checks.lesson01 import hf_tiny_model
+
+    shown = transformers_logging.is_progress_bar_enabled()
+    transformers_logging.disable_progress_bar()  # its "Writing model shards" bar is not this check's output
+    try:
+        hf_tiny_model("Qwen3ForCausalLM", num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim, hidden=hidden,
+                      vocab=vocab, tie=tie, seed=seed).save_pretrained(dest)
+    finally:
+        if shown:
+            transformers_logging.enable_progress_bar()
+    return dest
 
 
 def check_checkpoint_slices(group_cls, shard, model: str = "tiny-qwen3") -> None:
     """shard(model, group): the cut and its slice plan (exercise 7.3's checkpoint_slices inside), loaded by
-    lesson 01's load_model(..., group=...) on 2 ranks."""
-    from transformers.utils import logging as transformers_logging
-
-    from nanoserve.checks.lesson01 import hf_tiny_model
-    from nanoserve.checks.lesson06 import tiny_qwen3_logits
+    lesson 01's load_model(..., group=...): each rank's slices for several shapes and tensor-parallel sizes, then
+    the logits of a forward on 2 and 3 ranks against the whole model's."""
     from nanoserve.model.loader import load_model
     from nanoserve.model.qwen3_fused import FusedQwen3ForCausalLM
     from nanoserve.model.zoo import resolve_model
 
     with tempfile.TemporaryDirectory() as tmp:
-        # A second checkpoint with one K/V head: at TP=2 both ranks must hold (replicate) that head.
-        shown = transformers_logging.is_progress_bar_enabled()
-        transformers_logging.disable_progress_bar()  # its "Writing model shards" bar is not this check's output
-        try:
-            hf_tiny_model("Qwen3ForCausalLM", num_heads=4, num_kv_heads=1, head_dim=64, hidden=128, seed=4).save_pretrained(tmp)
-        finally:
-            if shown:
-                transformers_logging.enable_progress_bar()
-        for path, what in [(resolve_model(model), model), (tmp, "a model with 1 K/V head (replicated)")]:
+        paths = {}
+        for i, (shape, size) in enumerate(SHAPES):
+            heads, kv_heads = shape[:2]
+            what = f"{heads} query / {kv_heads} K/V head{'s' if kv_heads > 1 else ''} at TP={size}"
+            paths[shape] = paths.get(shape) or _tiny_checkpoint(os.path.join(tmp, str(i)), *shape, seed=4 + i)
+            check_slices(group_cls, shard, paths[shape], size, what)
+        for path, size, what in [(resolve_model(model), 2, model), (paths[ONE_KV_HEAD], 2, "1 K/V head at TP=2"),
+                                 (paths[NINE_BY_THREE], 3, "9 query / 3 K/V heads at TP=3")]:
             whole = load_model(path, dtype=torch.float32, device="cpu", model_cls=FusedQwen3ForCausalLM)
-            want = tiny_qwen3_logits(whole)
+            want = prompt_logits(whole, whole.config.vocab_size)
             layers = whole.config.num_layers
-            for rank, (logits, reduces) in enumerate(run_on_ranks(_tp_logits_on_rank, group_cls, shard,
-                                                                  str(path))):
+            for rank, (logits, reduces) in enumerate(run_on_ranks(_tp_logits_on_rank, group_cls, shard, str(path),
+                                                                  size=size)):
                 if not torch.allclose(logits, want, atol=1e-4, rtol=1e-4):
                     raise AssertionError(
-                        f"{what}, rank {rank}: TP=2 logits differ from the whole model's (max error "
-                        f"{(logits - want).abs().max():.3g}). Which rows or columns does each weight give each rank: "
-                        f"q/k/v/gate/up rows (output features), o/down columns (input features)? With fewer K/V "
-                        f"heads than ranks, which K/V head do a rank's query heads use?")
+                        f"{what}, rank {rank}: TP={size} logits differ from the whole model's (max error "
+                        f"{(logits - want).abs().max():.3g}), though every rank's slices are right: do the "
+                        f"row-parallel layers and the embedding of exercises 7.1 and 7.2 sum over the ranks?")
                 if reduces != 2 * layers + 1:
-                    raise AssertionError(f"rank {rank}: {reduces} all-reduces in a forward; want 2 per layer "
+                    raise AssertionError(f"{what}, rank {rank}: {reduces} all-reduces in a forward; want 2 per layer "
                                          f"(o_proj, down_proj) + 1 (the embedding) = {2 * layers + 1}")
-    print(f"✓ checkpoint_slices: {model} on 2 ranks gives the whole model's logits (float32) with "
-          f"{2 * layers + 1} all-reduces per forward, and so does a model whose one K/V head both ranks hold")
+    print(f"✓ checkpoint_slices: every rank holds its slice of every tensor, for 5 shapes at TP=2, 3 and 4 (1 to 4 "
+          f"K/V heads, a head on several ranks when there are fewer than the ranks); {model} and a model with 1 K/V "
+          f"head on 2 ranks, and 9 query / 3 K/V heads on 3 ranks, give the whole model's logits, 2 all-reduces "
+          f"per layer + 1")
 
 
 # Every exercise of the lesson: its name -> the check, run on the implementation found in a namespace `ns`
