@@ -117,6 +117,15 @@ def check_gather_kv(gather_kv) -> None:
         want = torch.cat([cache[b] for b in table.tolist()])[:length]
         _close(f"gather_kv(block_size={block_size}, length={length})", gather_kv(cache, padded, length), want, 0,
                "Index the cache with the table's first ceil(length / block_size) ids, flatten, cut to length.")
+    # Past the sequence's blocks a table may hold anything (padding, a longer row): ids of no block here,
+    # which raise if read. Reading them would cost a block each, up to the whole row's width.
+    cache, table = torch.randn(12, 4, 2, 8, generator=gen), torch.tensor([3, 7, 12, 40, 99], dtype=torch.int32)
+    try:
+        got = gather_kv(cache, table, 7)
+    except IndexError as e:
+        raise AssertionError(f"gather_kv(length=7, block_size=4) read past the sequence's 2 blocks ({e}): read "
+                             f"only the table's first ceil(length / block_size) ids") from None
+    _close("gather_kv through a table with ids past its blocks", got, cache[[3, 7]].flatten(0, 1)[:7], 0)
     print("✓ gather_kv reads a sequence's tokens back in order through its block table")
 
 
