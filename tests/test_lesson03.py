@@ -143,6 +143,83 @@ def test_untouched_triton_stub_fails_its_check():
     assert "NotImplementedError('Exercise 3.4" in result.stderr, result.stderr[-2000:]
 
 
+# The lesson's Triton kernels, stubs and all, run in an IPython shell as in Jupyter (the setup cell's
+# report_unfinished_exercises), then a cell that reaches the 3.4 stub: on a CPU the lesson's own check cell, in
+# Triton's interpreter; else, as on a GPU, Triton's compiler, which compiles for an H100 without one.
+STUB_IN_A_SHELL = r'''
+import json, os, sys
+interpret = sys.argv[1] == "interpreter"
+os.environ.pop("TRITON_INTERPRET", None)
+if interpret:
+    os.environ["TRITON_INTERPRET"] = "1"  # before triton is first imported
+from IPython.core.interactiveshell import InteractiveShell
+shell = InteractiveShell.instance(colors="nocolor")
+shell.run_cell("from nanoserve.checks import report_unfinished_exercises\nreport_unfinished_exercises(globals())")
+for cell in json.loads(sys.stdin.read())["cells"]:
+    source = "".join(cell["source"])
+    if cell["cell_type"] == "code" and source.startswith("#| export kernels.triton_paged"):
+        assert shell.run_cell(source).success, source[:300]
+print("=== the cell")
+if interpret:
+    result = shell.run_cell("from nanoserve.checks import lesson03 as checks\n"
+                            "checks.check_triton_decode(paged_decode_attention)")
+else:
+    result = shell.run_cell("""
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+@triton.jit
+def one_tile(x):
+    rows = tl.arange(0, 16)
+    s = tl.load(x + rows[:, None] * 16 + rows[None, :])
+    m, l, alpha, p = _online_softmax_step(tl.max(s, 1), tl.zeros([16], tl.float32), s)
+    tl.store(x + rows, l)
+
+triton.compile(ASTSource(one_tile, {"x": "*fp32"}, {}), target=GPUTarget("cuda", 90, 32))
+""")
+print("=== raised", type(result.error_in_exec).__name__)
+'''
+
+
+@pytest.mark.parametrize("triton_mode", ["interpreter", "compiler"])
+def test_a_stub_inside_a_triton_kernel_names_the_exercises_left(triton_mode):
+    """Triton wraps the 3.4 stub's NotImplementedError (an InterpreterError raised from it; a CompilationError
+    quoting its line): the cell still shows the stub, not Triton's wrappers, and lists the exercises left."""
+    pytest.importorskip("triton")
+    import subprocess
+    import sys
+
+    result = subprocess.run([sys.executable, "-c", STUB_IN_A_SHELL, triton_mode], cwd=ROOT, capture_output=True,
+                            text=True, timeout=300, input=json.dumps(generated_lesson("03_paged_attention")))
+    assert result.returncode == 0, result.stderr[-3000:]
+    shown, raised = result.stdout.split("=== the cell\n")[1].split("=== raised ")
+    assert raised.strip() == {"interpreter": "InterpreterError", "compiler": "CompilationError"}[triton_mode]
+    assert shown.strip().endswith("Exercises still to write: 3.4 (_online_softmax_step). Write them, run their "
+                                  "cells, then run this cell again."), shown[-3000:]
+    if triton_mode == "interpreter":  # the stub's own error, not the chain of InterpreterErrors around it
+        assert "NotImplementedError: Exercise 3.4: write the online-softmax update" in shown
+        assert "InterpreterError:" not in shown and "direct cause" not in shown, shown[-3000:]
+    else:  # only the compiler's error at the stub's line
+        assert 'raise NotImplementedError("Exercise 3.4: write the online-softmax update' in shown
+        assert "unsupported AST node type: Raise" in shown and "one_tile" not in shown, shown[-3000:]
+
+
+def test_stub_error_walks_the_chain():
+    from nanoserve.checks import stub_error
+
+    stub = NotImplementedError("Exercise 3.4: write it (hint below the cell)")
+    assert stub_error(stub) is stub
+    try:
+        try:
+            raise stub
+        except NotImplementedError as e:
+            raise RuntimeError(repr(e)) from e
+    except RuntimeError as wrapped:
+        assert stub_error(wrapped) is stub
+    assert stub_error(ValueError("no stub")) is None
+    assert stub_error(ValueError(repr(stub))) is None  # only Triton's errors are read for a quoted stub
+
+
 def test_notebook_runs_without_triton(tmp_path):
     """Where triton is not installed (macOS, Windows), the lesson runs top to bottom: section 7's cells that
     define or run the kernels are skipped with one message, and everything else runs."""

@@ -8,6 +8,9 @@ import inspect
 import re
 
 STUB_MESSAGE = re.compile(r"Exercise (\d+\.\d+\w*)")
+# A stub as an error message quotes it: repr(error) (Triton's interpreter), or the stub's line of source
+# (Triton's compiler, which rejects a `raise` in a kernel and quotes the kernel up to that line)
+QUOTED_STUB = re.compile(r"""NotImplementedError\(\s*(["'])(Exercise \d+\.\d+\w*.*?)\1\s*\)""")
 IPYTHON_HISTORY = re.compile(r"_+|_i+\d*|_\d+|_[oid]h")  # Jupyter's names for past inputs and outputs
 
 
@@ -44,6 +47,23 @@ def unfinished_exercises(namespace: dict) -> dict[str, str]:
     return dict(sorted(found.items(), key=order))
 
 
+def stub_error(error: BaseException) -> BaseException | None:
+    """The error in `error`'s chain that an exercise stub raised, or None. Usually `error` itself, a
+    NotImplementedError; but Triton wraps what a kernel raises. Its interpreter (a CPU) raises an
+    InterpreterError from the stub's NotImplementedError, once per kernel it passes through (a `__cause__`
+    chain); its compiler (a GPU) cannot compile a `raise` at all, and its CompilationError only quotes the
+    stub's line. So: the first NotImplementedError among `error`, its causes and contexts, or else the first
+    of Triton's errors whose message quotes a stub."""
+    chain, seen = [], set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        chain.append(error)
+        error = error.__cause__ or error.__context__
+    found = [e for e in chain if isinstance(e, NotImplementedError)]
+    found += [e for e in chain if type(e).__module__.startswith("triton") and QUOTED_STUB.search(str(e))]
+    return found[0] if found else None
+
+
 def report_unfinished_exercises(namespace: dict) -> None:
     """In Jupyter: when a cell stops at an exercise stub, list under the error every exercise of this notebook
     that is still a stub. The lesson's checks and payoffs run your code from this notebook, so each of them
@@ -57,14 +77,20 @@ def report_unfinished_exercises(namespace: dict) -> None:
         return
 
     def explain(shell, etype, value, tb, tb_offset=None):
-        shell.showtraceback((etype, value, tb), tb_offset=tb_offset)
-        left = unfinished_exercises(namespace)
+        stub = stub_error(value)
+        if stub is None or not type(value).__module__.startswith("triton"):
+            shell.showtraceback((etype, value, tb), tb_offset=tb_offset)
+        elif isinstance(stub, NotImplementedError):  # Triton's interpreter: the stub's own error, not its wrappers
+            shell.showtraceback((type(stub), stub, stub.__traceback__), tb_offset=tb_offset)
+        else:  # Triton's compiler: the error whose message quotes the stub's line
+            shell.showtraceback((type(stub), stub, stub.__traceback__), exception_only=True)
+        left = unfinished_exercises(namespace) if stub is not None else {}
         if left:
             print("This cell runs your code from this notebook. Exercises still to write: "
                   + ", ".join(f"{number} ({where})" for number, where in left.items())
                   + ". Write them, run their cells, then run this cell again.")
 
-    shell.set_custom_exc((NotImplementedError,), explain)
+    shell.set_custom_exc((Exception,), explain)  # any error: a stub's may come wrapped (Triton's kernels)
 
 
 def namespace_of(cls) -> dict:
