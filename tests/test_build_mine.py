@@ -153,3 +153,12 @@ def test_the_learners_code_is_what_runs(lessons, reference_tokens, tmp_path):
     rows = dict(build_mine.build(wrong, tmp_path / "out"))
     assert rows["model.qwen3"] == "yours (lesson 01)"  # solved, but not the reference's code
     assert greedy(tmp_path / "out", tmp_path)["fused_ops=False"] != reference_tokens["fused_ops=False"]
+
+
+def test_the_command_it_prints_is_the_readmes(lessons, tmp_path, capsys):
+    """make mine ends with how to run the build: the README's command (SmolLM2's real weights answer it)."""
+    out = tmp_path / "mine"
+    assert build_mine.main(["--lessons-dir", str(lessons["pristine"]), "--out", str(out)]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == f"run it: PYTHONPATH={out.resolve()} {build_mine.RUN}"
+    assert f"PYTHONPATH=build/mine {build_mine.RUN}\n" in (ROOT / "README.md").read_text()
+    assert "--model smollm2-135m-instruct" in build_mine.__doc__ and "tiny-qwen3" not in build_mine.__doc__

@@ -13,7 +13,8 @@ nanoserve/ goes in, and the table says why. Hand-written modules (cli, zoo, chec
 
 The modules import each other as `nanoserve.*`, so the build is switched in by path, not by name:
 
-    PYTHONPATH=build/mine .venv/bin/nanoserve generate "The capital of France is" --model tiny-qwen3
+    PYTHONPATH=build/mine .venv/bin/nanoserve generate "What is the capital of France?" --chat \\
+        --model smollm2-135m-instruct
 
 (with `python -c` or `python -m` from the repository root, also set PYTHONSAFEPATH=1: otherwise the current
 folder, which holds the reference nanoserve/, comes first on sys.path). `nanoserve.__file__` says which one
@@ -35,6 +36,8 @@ HEADER = ("# BUILT by `make mine` (tools/build_mine.py) from your {src} -- rebui
           "# Edit the lesson notebook, not this file.\n")
 STUB = re.compile(r"""^\s*raise\s+NotImplementedError\(\s*["'](Exercise\s+\d+\.\d+\w*)""", re.M)
 REPORT = "MINE.txt"  # in OUT: the table, and the mark that OUT/nanoserve is ours to replace
+# How to run the build, as the README shows it: SmolLM2-135M-Instruct's real weights, which answer it
+RUN = '.venv/bin/nanoserve generate "What is the capital of France?" --chat --model smollm2-135m-instruct'
 
 
 def reference_modules(ref_pkg: Path) -> dict[str, str]:
@@ -136,8 +139,7 @@ def main(argv=None) -> int:
     build(args.lessons_dir, args.out)
     out = args.out.resolve()
     shown = out.relative_to(Path.cwd()) if out.is_relative_to(Path.cwd()) else out
-    print(f"run it: PYTHONPATH={shown} .venv/bin/nanoserve generate \"The capital of France is\" "
-          "--model tiny-qwen3")
+    print(f"run it: PYTHONPATH={shown} {RUN}")
     return 0
 
 
