@@ -77,7 +77,7 @@ def test_expected_slices_of_a_replicated_kv_head():
 
     k = torch.arange(2 * 4 * 3.0).view(8, 3)  # 2 K/V heads of head_dim 4, hidden 3
     config = SimpleNamespace(head_dim=4, num_heads=8, num_kv_heads=2, intermediate_size=8, vocab_size=10)
-    heads = [checks.expected_slice("model.layers.0.self_attn.k_proj.weight", k, config, rank, 4)[0] for rank in range(4)]
+    heads = [checks.expected_slice("layers.0.self_attn.k_proj.weight", k, config, rank, 4)[0] for rank in range(4)]
     assert [h[0, 0].item() for h in heads] == [0, 0, 12, 12] and all(h.shape == (4, 3) for h in heads)
     config.num_kv_heads, k = 1, k[:4]
     assert all(torch.equal(checks.expected_slice("x.k_proj.weight", k, config, rank, 2)[0], k) for rank in range(2))

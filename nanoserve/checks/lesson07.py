@@ -192,7 +192,8 @@ def expected_slice(name: str, full: torch.Tensor, config, rank: int, size: int) 
     cuts = {"q_proj": (0, rank * heads * D, heads * D, queries),
             "k_proj": (0, first_kv * D, kv * D, f"{kv_heads}, the one{'s' if kv > 1 else ''} its {queries} use"),
             "o_proj": (1, rank * heads * D, heads * D, f"the outputs of its {queries}"),
-            "gate_proj": (0, rank * mlp, mlp, "its MLP features"), "down_proj": (1, rank * mlp, mlp, "its MLP features"),
+            "gate_proj": (0, rank * mlp, mlp, "its MLP features"),
+            "down_proj": (1, rank * mlp, mlp, "its MLP features"),
             "embed_tokens": (0, rank * vocab, vocab, "its tokens")}
     cuts |= {"v_proj": cuts["k_proj"], "up_proj": cuts["gate_proj"], "lm_head": cuts["embed_tokens"]}
     if kind not in cuts:
@@ -232,14 +233,14 @@ def check_slices(group_cls, shard, path, size: int, what: str) -> None:
         except NotImplementedError:  # a stub (a RuntimeError too)
             raise
         except (RuntimeError, ValueError) as e:
-            raise AssertionError(f"{what}, rank {rank} of {size}: loading its slices failed ({type(e).__name__}: {e}). "
-                                 f"Does your plan give every cut weight a dimension (0 or 1) and a start inside "
-                                 f"the tensor?") from e
+            raise AssertionError(f"{what}, rank {rank} of {size}: loading its slices failed "
+                                 f"({type(e).__name__}: {e}). Does your plan give every cut weight a dimension "
+                                 f"(0 or 1) and a start inside the tensor?") from e
         for name, got in parts.items():
             want, which = expected_slice(name, full[name], config, rank, size)
             if got.shape != want.shape or not torch.equal(got, want):
-                raise AssertionError(f"{what}, rank {rank} of {size}: {name} should hold {which} of the "
-                                     f"checkpoint's {tuple(full[name].shape)}, but holds {_where_from(got, full[name])}")
+                raise AssertionError(f"{what}, rank {rank} of {size}: {name} should hold {which} of the checkpoint's "
+                                     f"{tuple(full[name].shape)}, but holds {_where_from(got, full[name])}")
 
 
 # Model shapes checked slice by slice: (query heads, K/V heads, head_dim, hidden, vocabulary, tied embeddings), TP.
