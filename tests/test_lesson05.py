@@ -13,6 +13,46 @@ def test_batch_invariance_with_preemption_chunking_and_prefix_caching():
     checks.check_batch_invariance(LLMEngine)
 
 
+# Wrong answers to exercise 5.4 that its check must catch: (a piece of the engine's step, what a learner writes
+# instead, what the check's message says)
+WRONG_STEPS = {
+    "never launches ahead": ("if self.async_scheduling:", "if False:", "not launched ahead"),
+    "launches ahead unfed": ("feed=current", "feed=None", "without feed=current"),
+    "collects the step ahead": ("self.runner.collect(current)", "self.runner.collect(self.in_flight or current)",
+                                "collect the current step"),
+    "forgets nothing": ("self.forget(self.in_flight, current)", "pass", "take back all it counted"),
+    "forgets the step ahead only": ("self.forget(self.in_flight, current)", "self.forget(self.in_flight)",
+                                    "take back all it counted"),
+    "forgets the current step only": ("self.forget(self.in_flight, current)", "self.forget(current)",
+                                      "take back all it counted"),
+    "Ctrl-C goes past": ("except BaseException:", "except Exception:", "KeyboardInterrupt"),
+    "swallows the error": ("        raise\n", "        return []\n", "raises it again"),
+    "no step_seqs": ("self.step_seqs = current.batch.seqs", "pass", "step_seqs"),
+    "in_flight kept": ("current, self.in_flight = self.in_flight, None", "current = self.in_flight", "in_flight"),
+    "an empty step ahead's preemptions": ("self.stats.preemptions += 0 if ahead.seqs else len(ahead.preempted)", "pass",
+                                          "preemptions"),
+    "no steps_ahead": ("self.stats.steps_ahead += 1", "pass", "steps_ahead"),
+    "tokens to the wrong sequences": ("self.process(current, tokens, logprobs)",
+                                      "self.process(current, tokens[::-1], logprobs)", "process the step"),
+}
+
+
+@pytest.mark.parametrize("old, new, message", WRONG_STEPS.values(), ids=WRONG_STEPS)
+def test_the_step_check_catches_wrong_loops(old, new, message):
+    import inspect
+    import textwrap
+
+    import nanoserve.engine.llm_engine as module
+
+    source = textwrap.dedent(inspect.getsource(LLMEngine.step))
+    assert source.count(old) == 1, old
+    scope = dict(vars(module))
+    exec(source.replace(old, new), scope)
+    wrong = type("Wrong", (LLMEngine,), {"step": scope["step"]})
+    with pytest.raises(AssertionError, match=message):
+        checks.check_step(wrong)
+
+
 @pytest.fixture(scope="module")
 def tiny_engine_parts():
     from nanoserve.model.loader import load_model
