@@ -22,6 +22,7 @@ def _rank_main(rank: int, size: int, init_file: str, conn, fn, args) -> None:
     torch.set_num_threads(1)  # the ranks share the CPU's cores
     try:
         dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=size)
+        dist.barrier()  # no rank goes on (and perhaps exits) while a peer is still connecting to it
         reply = ("ok", fn(rank, size, *args))
     except BaseException as e:
         reply = ("error", e, traceback.format_exc())
