@@ -320,3 +320,39 @@ def test_inputs_that_cannot_work_raise_value_error():
         ta.paged_prefill_attention(q[:, :3], k_cache, v_cache, cu, lens, tables)
     with pytest.raises(ValueError, match="kv_heads, head_dim"):
         ta.store_kv(k_cache, v_cache, torch.zeros(1, dtype=torch.int64, device=DEVICE), q[:, :3], q[:, :3])
+
+
+# ------------------------------------------------------------------ lesson 06's decode-step kernels
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(96, 64), (8, 1000), (4100, 512), (3, 2)])  # N wide/narrow, K ragged/tiny
+def test_gemv_equals_linear(dtype, shape):
+    from nanoserve.kernels import triton_fused
+
+    N, K = shape
+    gen = torch.Generator().manual_seed(N * K)
+    x, w = torch.randn(1, K, generator=gen).to(DEVICE, dtype), torch.randn(N, K, generator=gen).to(DEVICE, dtype)
+    want = torch.nn.functional.linear(x.float(), w.float()).to(dtype)
+    assert_close(triton_fused.gemv(x, w), want)
+    with pytest.raises(ValueError, match="gemv takes x"):
+        triton_fused.gemv(x.repeat(2, 1), w)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("tokens,q_heads,k_heads,head_dim,norm", [(1, 4, 2, 64, True), (5, 3, 1, 128, True),
+                                                                  (2, 2, 2, 64, False), (0, 2, 1, 64, True)])
+def test_qk_norm_rope_equals_the_torch_op(dtype, tokens, q_heads, k_heads, head_dim, norm):
+    from nanoserve.kernels import triton_fused
+    from nanoserve.model.qwen3_fused import qk_norm_rope, rope_table
+
+    gen = torch.Generator().manual_seed(tokens * 100 + q_heads)
+    qkv = torch.randn(tokens, (q_heads + 2 * k_heads) * head_dim, generator=gen).to(DEVICE, dtype) * 3
+    q = qkv[:, :q_heads * head_dim].view(tokens, q_heads, head_dim)  # strided rows: views of the packed qkv
+    k = qkv[:, q_heads * head_dim:(q_heads + k_heads) * head_dim].view(tokens, k_heads, head_dim)
+    weights = [(torch.rand(head_dim, generator=gen) + 0.5).to(DEVICE, dtype) for _ in range(2)] if norm else [None, None]
+    positions = torch.randint(0, 500, (tokens,), generator=gen).to(DEVICE)
+    cos, sin = rope_table(512, head_dim, 1e6, dtype).to(DEVICE)[positions].unbind(dim=1)
+    got = triton_fused.triton_qk_norm_rope(q, k, *weights, 1e-6, cos, sin)
+    want = qk_norm_rope(q, k, *weights, 1e-6, cos, sin)
+    for a, b in zip(got, want):
+        assert_close(a, b)

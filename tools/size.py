@@ -12,7 +12,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent / "nanoserve"
 LEFT_OUT = ("checks", "serve", "course")
-LEFT_OUT_FILES = ("cli.py", "bench.py", "zoo.py", "triton_paged.py")
+LEFT_OUT_FILES = ("cli.py", "bench.py", "zoo.py", "triton_paged.py", "triton_fused.py")
 
 
 def core_files() -> list[Path]:

@@ -69,6 +69,18 @@ class FusedOps:
         for name in self.NAMES:
             fn = globals()[name]
             setattr(self, name, _compile(fn) if compiled else fn)
+        if compiled:  # on a GPU, q/k-norm + RoPE is one kernel of ours where torch.compile makes four (section 8)
+            self.qk_norm_rope = _on_gpu_triton_qk_norm_rope(self.qk_norm_rope)
+
+
+def _on_gpu_triton_qk_norm_rope(elsewhere):
+    """kernels/triton_fused.py's triton_qk_norm_rope for heads on a GPU (imported there only), `elsewhere` on a CPU."""
+    def op(q, k, q_weight, k_weight, eps, cos, sin):
+        if q.is_cuda and q.shape[-1] in (64, 128, 256):
+            from nanoserve.kernels import triton_fused  # imported on GPU machines only
+            return triton_fused.triton_qk_norm_rope(q, k, q_weight, k_weight, eps, cos, sin)
+        return elsewhere(q, k, q_weight, k_weight, eps, cos, sin)
+    return op
 
 
 @functools.cache
@@ -77,14 +89,29 @@ def _compile(fn):
     return torch.compile(fn, dynamic=True, fullgraph=True)
 
 
+class Linear(nn.Linear):
+    """nn.Linear without a bias, whose one-row products on a GPU (a batch-1 decode step) go through a Triton
+    matrix-vector kernel: at one row cuBLAS reads the weights about half as fast (section 8). float32 stays
+    with cuBLAS, whose results the float32 parity checks compare bit for bit."""
+
+    def __init__(self, in_features: int, out_features: int):
+        super().__init__(in_features, out_features, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.is_cuda and x.shape[0] == 1 and x.dtype in (torch.bfloat16, torch.float16):
+            from nanoserve.kernels import triton_fused  # imported on GPU machines only
+            return triton_fused.gemv(x, self.weight)
+        return torch.nn.functional.linear(x, self.weight)
+
+
 class PackedAttention(nn.Module):
     def __init__(self, config: ModelConfig, layer_idx: int, ops: FusedOps):
         super().__init__()
         self.layer_idx, self.ops, self.eps = layer_idx, ops, config.rms_norm_eps
         self.num_heads, self.num_kv_heads, self.head_dim = config.num_heads, config.num_kv_heads, config.head_dim
         self.sizes = [config.num_heads * config.head_dim] + [config.num_kv_heads * config.head_dim] * 2  # q, k, v
-        self.qkv_proj = nn.Linear(config.hidden_size, sum(self.sizes), bias=False)
-        self.o_proj = nn.Linear(self.sizes[0], config.hidden_size, bias=False)
+        self.qkv_proj = Linear(config.hidden_size, sum(self.sizes))
+        self.o_proj = Linear(self.sizes[0], config.hidden_size)
         self.qk_norm = config.qk_norm
         if config.qk_norm:
             self.q_norm = RMSNorm(config.head_dim, config.rms_norm_eps)
@@ -105,8 +132,8 @@ class PackedMLP(nn.Module):
     def __init__(self, config: ModelConfig, ops: FusedOps):
         super().__init__()
         self.ops = ops
-        self.gate_up_proj = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+        self.gate_up_proj = Linear(config.hidden_size, 2 * config.intermediate_size)
+        self.down_proj = Linear(config.intermediate_size, config.hidden_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(self.ops.silu_and_mul(self.gate_up_proj(x)))
