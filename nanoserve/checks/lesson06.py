@@ -99,6 +99,19 @@ def cpu_capture(forward, pool):
     return graph, graph.output
 
 
+def separate_device_buffer(builder) -> None:
+    """A CPU stand-in for a GPU's device buffer: the builder's device tensors become a buffer of their own that
+    only builder.copy() refreshes from the host buffer. On a CPU they are the host buffer itself, so a
+    forgotten copy would go unseen; on a GPU a graph recorded before the copy reads whatever the device held."""
+    builder.dev = builder.hosts[0].clone()
+    builder.d = builder._split(builder.dev, builder.d["block_tables"].shape[1])
+
+    def copy():
+        builder.dev.copy_(builder.hosts[builder.turn])
+
+    builder.copy = copy
+
+
 def _engine_outputs(engine, requests):
     seqs = [engine.add_request(prompt, params) for prompt, params in requests]
     while engine.has_unfinished():
@@ -128,12 +141,14 @@ def check_graphs(graphs_cls) -> None:
         graphs.capture, cpu_capture.calls = cpu_capture, []  # the CPU stand-in
         runner = ModelRunner(model, cache, args["max_num_seqs"], args["max_num_batched_tokens"], args["max_model_len"],
                              graphs=graphs)
+        separate_device_buffer(runner.builder)  # as on a GPU: what the graphs read is there only once copied
         before = cache.k_cache.clone()
         graphs.record(runner)
         if sorted(graphs.graphs) != graphs.sizes:
             raise AssertionError(f"recorded sizes {sorted(graphs.graphs)}, want one graph per size {graphs.sizes}")
         if not torch.equal(cache.k_cache, before):
-            raise AssertionError("recording wrote K/V into the pool: record with every row padding (slot -1)")
+            raise AssertionError("recording wrote K/V into the pool: record with every row padding (slot -1), "
+                                 "and copy the builder's buffer to the device before recording")
         rows = [n for n, _, _ in cpu_capture.calls]
         if rows != sorted(rows, reverse=True):
             raise AssertionError(f"graphs recorded for {rows} rows, in this order: record the largest first, so "
