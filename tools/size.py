@@ -45,7 +45,8 @@ def main() -> int:
         for node in ast.walk(ast.parse(text)):
             if isinstance(node, ast.ClassDef):
                 classes[node.name] = path
-                bases[node.name] = [b.id if isinstance(b, ast.Name) else getattr(b, "attr", "") for b in node.bases]
+                # a base named plainly (a name of the package); `nn.Linear` and the like are torch's
+                bases[node.name] = [b.id for b in node.bases if isinstance(b, ast.Name)]
     pairs = [(c, b) for c, bs in bases.items() for b in bs if b in classes]
 
     def depth(name: str) -> int:
