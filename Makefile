@@ -19,11 +19,11 @@ setup:  ## a virtual environment with everything: engine, JupyterLab, kernel, of
 $(BIN)/nanoserve:
 	$(MAKE) setup
 
-# Two workers (pytest-xdist), each test file whole on one of them (a notebook's cells share one kernel):
-# the two cores of a CI machine both busy. JOBS=1 runs them one after another.
+# Two workers (pytest-xdist), each test file whole on one of them (a notebook's cells share one kernel), each
+# worker and what it starts on one thread: two workers of two threads on 2 cores ran 6x slower. JOBS=1: one worker.
 JOBS ?= 2
 test: $(BIN)/nanoserve  ## unit tests, every solution notebook top to bottom (nbval), export sync checks
-	$(BIN)/python -m pytest $(if $(filter 1,$(JOBS)),,-n $(JOBS) --dist loadfile)
+	$(if $(filter 1,$(JOBS)),,OMP_NUM_THREADS=1 )$(BIN)/python -m pytest $(if $(filter 1,$(JOBS)),,-n $(JOBS) --dist loadfile)
 
 check: $(BIN)/nanoserve  ## each lesson's exercise checks on your code in lessons/ (LESSON=03: one lesson; LESSONS=DIR: other notebooks)
 	$(BIN)/python tools/check_lessons.py --lessons-dir $(LESSONS) $(LESSON)

@@ -20,7 +20,7 @@ PAYOFFS = {
     "04_prefix_caching": ["cache = RecordingCache(", "LessonLLM(\"smollm2", "rate, preempted = hit_rate(pool)"],
     "05_scheduler": ["engine = LLMEngine(tiny", "outs = llm.generate(prompts, skewed", "answer = llm.chat(",
                      "side_by_side[name] ="],
-    "06_cuda_graphs": ["with LessonLLM(\"tiny-qwen3\"", "with engine_cls(\"tiny-qwen3\""],
+    "06_cuda_graphs": ["with LessonLLM(\"tiny-qwen3\"", '"yours (this notebook)": LessonLLM('],
     # lesson 07's engine payoff runs the package's engine: its workers are spawned, and import their parts by
     # path, which a notebook's classes have not; its picture of the slices runs the learner's shard
     "07_tensor_parallel": [],
