@@ -141,7 +141,6 @@ def timeline(result, trace_file):
         launches = [e for e in events if e.name in ("cudaLaunchKernel", "cuLaunchKernel", "cudaGraphLaunch",
                                                      "cuLaunchKernelEx", "cudaLaunchKernelExC")]
         t0 = min(e.time_range.start for e in events)
-        steps = [e for e in events if e.name.endswith("LLMEngine.step") or e.name == "step"]
         trace[name] = {"gpu_kernels": [(e.time_range.start - t0, e.time_range.end - e.time_range.start) for e in gpu],
                        "launches": [(e.time_range.start - t0, e.time_range.end - e.time_range.start) for e in launches],
                        "wall_us": max(e.time_range.end for e in events) - t0, "steps": 3}
