@@ -15,6 +15,10 @@ import triton
 import triton.language as tl
 
 from nanoserve.kernels import triton_paged
+from nanoserve.kernels.triton_fused import _gemv_kernel  # launched here with each tile of the sweep
+
+sys.path.insert(0, "bench")
+from gpu_step_floor import graph_time_ms  # noqa: E402
 
 LAYERS = 28
 WIDE = "--wide" in sys.argv
@@ -22,31 +26,8 @@ SHAPES = {"qkv": (4096, 1024), "o": (1024, 2048), "gate_up": (6144, 1024), "down
 
 
 def graph_ms(fn, rounds: int = 7) -> float:
-    fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    times = []
-    for _ in range(rounds):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return sorted(times)[len(times) // 2]
-
-
-@triton.jit
-def _gemv_kernel(x, w, y, N, K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        cols = k0 + tl.arange(0, BLOCK_K)
-        tile = tl.load(w + rows[:, None] * K + cols[None, :], mask=rows[:, None] < N, other=0.0)
-        acc += tile.to(tl.float32) * tl.load(x + cols).to(tl.float32)[None, :]
-    tl.store(y + rows, tl.sum(acc, axis=1).to(y.dtype.element_ty), mask=rows < N)
+    """Median ms of one replay of fn() recorded in a CUDA graph."""
+    return graph_time_ms(fn, reps=1, rounds=rounds)
 
 
 def gemv(x, w, y, block_n, block_k, warps, stages=None):
