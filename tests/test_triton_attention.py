@@ -356,3 +356,41 @@ def test_qk_norm_rope_equals_the_torch_op(dtype, tokens, q_heads, k_heads, head_
     want = qk_norm_rope(q, k, *weights, 1e-6, cos, sin)
     for a, b in zip(got, want):
         assert_close(a, b)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape,with_residual", [((96, 64), True), ((4100, 512), True), ((8, 1000), False),
+                                                 ((3, 2), True), ((3, 5000), True)])  # 5000: two tiles
+def test_norm_gemv_equals_add_rms_norm_then_linear(dtype, shape, with_residual):
+    """The norm done on the way into the product: the product of the normed row, and x + residual."""
+    from nanoserve.kernels import triton_fused
+    from nanoserve.model.qwen3_fused import add_rms_norm, rms_norm
+
+    N, K = shape
+    gen = torch.Generator().manual_seed(N + K)
+    x, residual = (torch.randn(1, K, generator=gen).to(DEVICE, dtype) * 4 for _ in range(2))
+    norm_weight = (torch.rand(K, generator=gen) + 0.5).to(DEVICE, dtype)
+    w = torch.randn(N, K, generator=gen).to(DEVICE, dtype)
+    if with_residual:
+        normed, h = add_rms_norm(x, residual, norm_weight, 1e-6)
+    else:
+        normed, h = rms_norm(x, norm_weight, 1e-6), x
+    y, h_out = triton_fused.norm_gemv(x, residual if with_residual else None, norm_weight, 1e-6, w)
+    assert torch.equal(h_out, h)  # the next residual, exactly x + residual in the input's dtype
+    assert_close(y, torch.nn.functional.linear(normed.float(), w.float()).to(dtype))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(64, 96), (1024, 3000), (5, 3)])
+def test_silu_gemv_equals_silu_and_mul_then_linear(dtype, shape):
+    from nanoserve.kernels import triton_fused
+    from nanoserve.model.qwen3_fused import silu_and_mul
+
+    N, K = shape
+    gen = torch.Generator().manual_seed(N * 7 + K)
+    gate_up = torch.randn(1, 2 * K, generator=gen).to(DEVICE, dtype) * 3
+    w = torch.randn(N, K, generator=gen).to(DEVICE, dtype)
+    want = torch.nn.functional.linear(silu_and_mul(gate_up).float(), w.float()).to(dtype)
+    assert_close(triton_fused.silu_gemv(gate_up, w), want)
+    with pytest.raises(ValueError, match=rf"gemv takes x \[1, {2 * K}\]"):
+        triton_fused.silu_gemv(gate_up[:, :K], w)

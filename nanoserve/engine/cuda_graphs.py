@@ -10,8 +10,8 @@ A graph replays the exact kernels, pointers and launch sizes it recorded, so
 - a batch of n sequences runs the graph of the smallest recorded size >= n; rows n.. are padding:
   token 0 at position 0, slot -1 (its K/V written nowhere), context length 0 (the decode kernel returns
   zeros for it), and their logits are never looked at;
-- the attention kernel's split of the context was fixed when recorded, so it is recorded for the
-  longest context (max_model_len): a split past a sequence's end does no work.
+- the attention kernel's number of splits was fixed when recorded, so it is recorded for the longest
+  context (max_model_len); each sequence cuts its own context into that many splits (lesson 03).
 Prefill and mixed steps (a few dozen in a run of a thousand steps) stay eager.
 """
 import bisect

@@ -118,14 +118,17 @@ def _online_softmax_step(m, l, s):
 
 @triton.jit
 def _decode_kernel(q, k_cache, v_cache, block_tables, context_lens, out, part_acc, part_ml,
-                   qk_scale, stride_qb, stride_qh, stride_ob, stride_oh, stride_bt, chunk, num_splits,
+                   qk_scale, stride_qb, stride_qh, stride_ob, stride_oh, stride_bt, num_splits,
                    GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, KV_HEADS: tl.constexpr,
                    D: tl.constexpr, D_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
                    SPLIT: tl.constexpr, PRECISION: tl.constexpr):
-    # num_splits and chunk are run-time values: as contexts grow from step to step the split count
-    # changes, and a compile-time value would compile a new kernel each time it did.
+    # num_splits is a run-time value: as contexts grow from step to step the split count changes, and a
+    # compile-time value would compile a new kernel each time it did.
     kv_head, b, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     context_len = tl.load(context_lens + b)
+    # this sequence's own context cut into num_splits chunks of whole BLOCK_N tiles: a CUDA graph fixes
+    # num_splits for the longest context, and a short one still spreads over its splits, not one or two
+    chunk = tl.cdiv(tl.cdiv(context_len, num_splits), BLOCK_N) * BLOCK_N
     start = split * chunk  # this program's tokens: [start, end)
     end = tl.minimum(start + chunk, context_len)
 
@@ -242,9 +245,9 @@ def paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scal
     block_n = block_n or 64
     if num_splits is None:
         num_splits = decode_num_splits(B, kv_heads, max_context_len, q.device, block_n)
-    # each split's chunk is a whole number of BLOCK_N tiles
-    chunk = triton.cdiv(triton.cdiv(max_context_len, num_splits), block_n) * block_n
-    num_splits = triton.cdiv(max_context_len, chunk)
+    # no more splits than the longest context fills with whole BLOCK_N tiles (the kernel cuts each
+    # sequence's own context into the splits)
+    num_splits = triton.cdiv(max_context_len, triton.cdiv(triton.cdiv(max_context_len, num_splits), block_n) * block_n)
 
     out = torch.empty_like(q)
     if num_splits > 1:
@@ -254,7 +257,7 @@ def paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scal
         part_acc = part_ml = out  # unused
     _decode_kernel[(kv_heads, B, num_splits)](
         q, k_cache, v_cache, block_tables, context_lens, out, part_acc, part_ml,
-        scale * LOG2E, q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0), chunk, num_splits,
+        scale * LOG2E, q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0), num_splits,
         GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)),
         KV_HEADS=kv_heads, D=D, D_PAD=d_pad, BLOCK_SIZE=block_size, BLOCK_N=block_n, SPLIT=num_splits > 1,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",

@@ -72,6 +72,25 @@ class FusedOps:
         if compiled:  # on a GPU, q/k-norm + RoPE is one kernel of ours where torch.compile makes four (section 8)
             self.qk_norm_rope = _on_gpu_triton_qk_norm_rope(self.qk_norm_rope)
 
+    def norm_linear(self, x, residual, norm_weight, eps: float, linear):
+        """(linear(rms_norm(x + residual)), x + residual); residual None (the first layer): nothing to add,
+        and x is the residual. One row on a GPU: one kernel, the norm done as the product reads its input."""
+        if one_row_on_gpu(x) and isinstance(linear, Linear):
+            from nanoserve.kernels import triton_fused  # imported on GPU machines only
+            return triton_fused.norm_gemv(x, residual, norm_weight, eps, linear.weight)
+        if residual is None:
+            return linear(self.rms_norm(x, norm_weight, eps)), x
+        x, residual = self.add_rms_norm(x, residual, norm_weight, eps)
+        return linear(x), residual
+
+    def silu_linear(self, gate_up, linear):
+        """linear(silu_and_mul(gate_up)); one row on a GPU: one kernel. A tensor-parallel row-parallel
+        product (lesson 07, not a Linear: it all-reduces after) takes the two steps."""
+        if one_row_on_gpu(gate_up) and isinstance(linear, Linear):
+            from nanoserve.kernels import triton_fused  # imported on GPU machines only
+            return triton_fused.silu_gemv(gate_up, linear.weight)
+        return linear(self.silu_and_mul(gate_up))
+
 
 def _on_gpu_triton_qk_norm_rope(elsewhere):
     """kernels/triton_fused.py's triton_qk_norm_rope for heads on a GPU (imported there only), `elsewhere` on a CPU."""
@@ -89,16 +108,21 @@ def _compile(fn):
     return torch.compile(fn, dynamic=True, fullgraph=True)
 
 
+def one_row_on_gpu(x: torch.Tensor) -> bool:
+    """A batch-1 decode step on a GPU in bfloat16 or float16: where section 8's Triton products take over.
+    float32 stays with cuBLAS, whose results the float32 parity checks compare bit for bit."""
+    return x.is_cuda and x.shape[0] == 1 and x.dtype in (torch.bfloat16, torch.float16)
+
+
 class Linear(nn.Linear):
     """nn.Linear without a bias, whose one-row products on a GPU (a batch-1 decode step) go through a Triton
-    matrix-vector kernel: at one row cuBLAS reads the weights about half as fast (section 8). float32 stays
-    with cuBLAS, whose results the float32 parity checks compare bit for bit."""
+    matrix-vector kernel: at one row cuBLAS reads the weights about half as fast (section 8)."""
 
     def __init__(self, in_features: int, out_features: int):
         super().__init__(in_features, out_features, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.is_cuda and x.shape[0] == 1 and x.dtype in (torch.bfloat16, torch.float16):
+        if one_row_on_gpu(x):
             from nanoserve.kernels import triton_fused  # imported on GPU machines only
             return triton_fused.gemv(x, self.weight)
         return torch.nn.functional.linear(x, self.weight)
@@ -117,9 +141,10 @@ class PackedAttention(nn.Module):
             self.q_norm = RMSNorm(config.head_dim, config.rms_norm_eps)
             self.k_norm = RMSNorm(config.head_dim, config.rms_norm_eps)
 
-    def forward(self, x, cos, sin, backend: AttentionBackend, meta: Any = None) -> torch.Tensor:
-        T = x.shape[0]
-        q, k, v = self.qkv_proj(x).split(self.sizes, dim=-1)
+    def forward(self, qkv, cos, sin, backend: AttentionBackend, meta: Any = None) -> torch.Tensor:
+        """From q, k and v, already projected (the layer runs qkv_proj together with its norm)."""
+        T = qkv.shape[0]
+        q, k, v = qkv.split(self.sizes, dim=-1)
         q = q.view(T, self.num_heads, self.head_dim)
         k = k.view(T, self.num_kv_heads, self.head_dim)
         weights = (self.q_norm.weight, self.k_norm.weight) if self.qk_norm else (None, None)
@@ -135,13 +160,14 @@ class PackedMLP(nn.Module):
         self.gate_up_proj = Linear(config.hidden_size, 2 * config.intermediate_size)
         self.down_proj = Linear(config.intermediate_size, config.hidden_size)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.ops.silu_and_mul(self.gate_up_proj(x)))
+    def forward(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """From gate and up, already projected (the layer runs gate_up_proj together with its norm)."""
+        return self.ops.silu_linear(gate_up, self.down_proj)
 
 
 class FusedDecoderLayer(nn.Module):
-    """Takes and returns (normed input, residual): each layer's last add happens in the next layer's
-    first norm (or the final norm), one kernel for both."""
+    """Takes and returns (the last sublayer's output, residual): each layer's last add happens in the next
+    layer's first norm (or the final norm), one kernel for both; and each norm with the product after it."""
 
     def __init__(self, config: ModelConfig, layer_idx: int, ops: FusedOps):
         super().__init__()
@@ -152,13 +178,12 @@ class FusedDecoderLayer(nn.Module):
         self.mlp = PackedMLP(config, ops)
 
     def forward(self, x, residual, cos, sin, backend: AttentionBackend, meta: Any = None):
-        if residual is None:  # the first layer: nothing to add yet
-            x, residual = self.ops.rms_norm(x, self.input_layernorm.weight, self.eps), x
-        else:
-            x, residual = self.ops.add_rms_norm(x, residual, self.input_layernorm.weight, self.eps)
-        x = self.self_attn(x, cos, sin, backend, meta)
-        x, residual = self.ops.add_rms_norm(x, residual, self.post_attention_layernorm.weight, self.eps)
-        return self.mlp(x), residual
+        attn, mlp = self.self_attn, self.mlp
+        qkv, residual = self.ops.norm_linear(x, residual, self.input_layernorm.weight, self.eps, attn.qkv_proj)
+        x = attn(qkv, cos, sin, backend, meta)
+        gate_up, residual = self.ops.norm_linear(x, residual, self.post_attention_layernorm.weight, self.eps,
+                                                 mlp.gate_up_proj)
+        return mlp(gate_up), residual
 
 
 class FusedQwen3Model(nn.Module):
