@@ -84,9 +84,10 @@ def _launch(x, weight, prologue: int, residual=None, norm_weight=None, eps: floa
     residual_out = torch.empty_like(x) if residual is not None else x
     # tiles: the best of a sweep on an H200 (bench/gpu_gemv.py --wide): two rows a program for the wide
     # products (N >= 4096), one for the narrow ones (o_proj and down_proj: more programs for their few rows);
-    # a norm reads its whole row in one tile when it fits, so the sum of squares costs no second pass
+    # a norm takes a row up to 2048 wide in one tile (Qwen3-0.6B's 1024: one load of the weights' tile);
+    # wider rows (Qwen3-8B's 4096) go in the products' tiles, so each program's registers stay few
     block_n, block_k, warps = (2, 512, 4) if N >= 4096 else (1, 1024, 8)
-    block_k = min(4096 if prologue == NORM else block_k, triton.next_power_of_2(K))
+    block_k = min(2048 if prologue == NORM else block_k, triton.next_power_of_2(K))
     _gemv_kernel[(triton.cdiv(N, block_n),)](
         x, weight, y, x if residual is None else residual.contiguous(), x if norm_weight is None else norm_weight,
         residual_out, eps, N, K=K, BLOCK_N=block_n, BLOCK_K=block_k, PROLOGUE=prologue,
