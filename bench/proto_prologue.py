@@ -13,26 +13,14 @@ import time
 
 import torch
 
-from nanoserve.bench import bench_batch1
 from nanoserve.engine.llm import LLM
 from nanoserve.engine.sampling_params import SamplingParams
 from nanoserve.model import qwen3_fused
 
 sys.path.insert(0, "bench")
-from gpu_step_floor import replay_kernels, replay_ms  # noqa: E402
+from proto_step_kernels import measure, unfused_norm_linear, unfused_silu_linear  # noqa: E402
 
 FUSED = (qwen3_fused.FusedOps.norm_linear, qwen3_fused.FusedOps.silu_linear)
-
-
-def unfused_norm_linear(self, x, residual, norm_weight, eps, linear):
-    if residual is None:
-        return linear(self.rms_norm(x, norm_weight, eps)), x
-    x, residual = self.add_rms_norm(x, residual, norm_weight, eps)
-    return linear(x), residual
-
-
-def unfused_silu_linear(self, gate_up, linear):
-    return linear(self.silu_and_mul(gate_up))
 
 
 def run(fused: str) -> dict:
@@ -43,19 +31,7 @@ def run(fused: str) -> dict:
     llm = LLM("qwen3-0.6b-random", max_model_len=4096)
     llm.generate(["warm-up"], SamplingParams(max_tokens=16), use_tqdm=False)
     out = {"start_s": time.perf_counter() - start}
-    runner = llm.engine.runner
-    out["bs1"] = [bench_batch1(llm)["tok_per_s"] for _ in range(3)]
-    prompt = list(range(100, 228))
-    outs = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=64, ignore_eos=True), use_tqdm=False)
-    out["tokens"] = outs[0].outputs[0].token_ids
-    out["replay_ms"] = {s: replay_ms(runner, s) for s in (1, 2, 8)}
-    prof = replay_kernels(runner, 1)
-    out["kernels_1"], out["kernel_us_1"], out["by_name_1"] = prof["kernels"], prof["kernel_us"], prof["by_name"][:20]
-    batch = [list(range(i, i + 40)) for i in range(16)]
-    outs = llm.generate(batch, SamplingParams(temperature=0, max_tokens=32, ignore_eos=True), use_tqdm=False)
-    out["batch_tokens"] = [o.outputs[0].token_ids for o in outs]
-    llm.shutdown()
-    return out
+    return measure(llm, batch=16, top=20, out=out)
 
 
 def main() -> int:

@@ -6,6 +6,7 @@ copy of the kernels in instead; that copy's tiles for the narrow products were s
 
     python bench/proto_step_kernels.py OUT.json
 """
+import functools
 import json
 import sys
 import time
@@ -22,14 +23,51 @@ sys.path.insert(0, "bench")
 from gpu_step_floor import replay_kernels, replay_ms  # noqa: E402
 
 
+def unfused_norm_linear(ops, x, residual, norm_weight, eps, linear):
+    """FusedOps.norm_linear without its one-kernel path: the norm, then linear."""
+    if residual is None:
+        return linear(ops.rms_norm(x, norm_weight, eps)), x
+    x, residual = ops.add_rms_norm(x, residual, norm_weight, eps)
+    return linear(x), residual
+
+
+def unfused_silu_linear(ops, gate_up, linear):
+    """FusedOps.silu_linear without its one-kernel path."""
+    return linear(ops.silu_and_mul(gate_up))
+
+
 def without_kernels(llm):
     """The engine as it was before lesson 06's two Triton kernels (before any graph exists): its one-row
     products back on cuBLAS, q/k-norm + RoPE back on torch.compile."""
     model = llm.model.model
     model.ops.qk_norm_rope = _compile(torch_qk_norm_rope)
+    # the norm and SiLU out of the products again: the two steps, through the products' forward below
+    model.ops.norm_linear = functools.partial(unfused_norm_linear, model.ops)
+    model.ops.silu_linear = functools.partial(unfused_silu_linear, model.ops)
     for layer in model.layers:
         for mod in (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj):
             mod.forward = (lambda m: (lambda x: torch.nn.functional.linear(x, m.weight)))(mod)
+
+
+def measure(llm, batch: int = 32, top: int = 14, out: dict | None = None) -> dict:
+    """A warmed-up engine's batch-1 speed (3 runs), 64 greedy tokens at batch 1, replay times at 1, 2 and 8,
+    the batch-1 replay's kernels (the `top` longest by name) and `batch` greedy requests' tokens; then it
+    is shut down."""
+    out = {} if out is None else out
+    runner = llm.engine.runner
+    out["bs1"] = [bench_batch1(llm)["tok_per_s"] for _ in range(3)]
+    prompt = list(range(100, 228))
+    outs = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=64, ignore_eos=True, logprobs=1), use_tqdm=False)
+    out["tokens"] = outs[0].outputs[0].token_ids
+    out["replay_ms"] = {s: replay_ms(runner, s) for s in (1, 2, 8)}
+    prof = replay_kernels(runner, 1)
+    out["kernels_1"], out["kernel_us_1"], out["by_name_1"] = prof["kernels"], prof["kernel_us"], prof["by_name"][:top]
+    # greedy requests in a batch: their products stay on cuBLAS, but q/k-norm + RoPE is the kernel at every size
+    outs = llm.generate([list(range(i, i + 40)) for i in range(batch)],
+                        SamplingParams(temperature=0, max_tokens=32, ignore_eos=True), use_tqdm=False)
+    out["batch_tokens"] = [o.outputs[0].token_ids for o in outs]
+    llm.shutdown()
+    return out
 
 
 def run(patched: bool) -> dict:
@@ -37,20 +75,7 @@ def run(patched: bool) -> dict:
     if not patched:
         without_kernels(llm)
     llm.generate(["warm-up"], SamplingParams(max_tokens=16), use_tqdm=False)
-    runner = llm.engine.runner
-    out = {"bs1": [bench_batch1(llm)["tok_per_s"] for _ in range(3)]}
-    prompt = list(range(100, 228))
-    outs = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=64, ignore_eos=True, logprobs=1), use_tqdm=False)
-    out["tokens"] = outs[0].outputs[0].token_ids
-    out["replay_ms"] = {s: replay_ms(runner, s) for s in (1, 2, 8)}
-    prof = replay_kernels(runner, 1)
-    out["kernels_1"], out["kernel_us_1"], out["by_name_1"] = prof["kernels"], prof["kernel_us"], prof["by_name"][:14]
-    # a batch of 32 greedy requests: its products stay on cuBLAS, but q/k-norm + RoPE is the kernel at every size
-    batch = [list(range(i, i + 40)) for i in range(32)]
-    outs = llm.generate(batch, SamplingParams(temperature=0, max_tokens=32, ignore_eos=True), use_tqdm=False)
-    out["batch_tokens"] = [o.outputs[0].token_ids for o in outs]
-    llm.shutdown()
-    return out
+    return measure(llm)
 
 
 def main() -> int:
