@@ -175,6 +175,19 @@ def test_decode_edge_lengths():
         assert_close(ta.paged_decode_attention(q, k_cache, v_cache, tables, lens, num_splits=splits), ref)
 
 
+def test_decode_split_counters_back_at_zero():
+    # The last split of each (sequence, kv head) combines the partials and zeroes its counter: a count left
+    # over would make a later call combine too early (or never). The same inputs again give the same answer.
+    gen = torch.Generator().manual_seed(3)
+    lengths = [700, 3, 64, 129]
+    k_cache, v_cache, tables, lens = make_cache(lengths, 2, 64, 16, torch.float32, gen)
+    q = torch.randn(len(lengths), 6, 64, generator=gen).to(DEVICE)
+    first = ta.paged_decode_attention(q, k_cache, v_cache, tables, lens, num_splits=7)
+    assert all(not c.any() for c in ta._COUNTERS[q.device])
+    assert torch.equal(ta.paged_decode_attention(q, k_cache, v_cache, tables, lens, num_splits=7), first)
+    assert_close(first, reference.paged_decode_attention(q, k_cache, v_cache, tables, lens))
+
+
 @pytest.mark.parametrize("splits", [1, 4])
 def test_decode_graph_padding_rows(splits):
     # As a CUDA graph replays it (lesson 06): launched for the longest context (max_context_len fixed at

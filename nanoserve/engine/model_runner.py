@@ -55,6 +55,8 @@ class ModelRunner:
     def launch(self, batch: ScheduledBatch, feed: LaunchedStep | None = None) -> LaunchedStep:
         """Queue the step on the device and return without waiting for it. feed: the step before, whose
         sampled tokens are this step's placeholders (async scheduling)."""
+        if all(n == 1 for n in batch.num_new):  # a decode step: the longest contexts in the first rows
+            batch = batch.longest_first()
         step, sampled = prepare_inputs(batch), [s for s, x in zip(batch.seqs, batch.sampled) if x]
         rows, targets, spans = scored_prompt_rows(batch)  # prompt_logprobs: more rows of logits (eager steps)
         # graph or eager: decided here

@@ -112,16 +112,18 @@ def _online_softmax_step(m, l, s):
 #      used by the whole group (a [GROUP_PAD, D] x [D, BLOCK_N] tl.dot on the tensor cores);
 #  (b) grid = (kv_heads, batch, splits). At batch 256 there are 2048 programs already; at batch 1
 #      there would be 8, so the context is cut into `splits` chunks handled by different programs
-#      (split-K), each leaving a partial (max, sum, unnormalized acc) that a second kernel combines;
+#      (split-K), each leaving a partial (max, sum, unnormalized acc); the last of a sequence's splits
+#      to finish combines them (a counter per sequence and kv head says which is last), so a step
+#      launches one kernel per layer, not a second one to combine;
 #  (c) each loop iteration gathers BLOCK_N tokens (several pages) through the block table.
 # Tiles are D_PAD wide (see the module docstring); _tile_mask adds the head-dim mask when D < D_PAD.
 
 @triton.jit
-def _decode_kernel(q, k_cache, v_cache, block_tables, context_lens, out, part_acc, part_ml,
+def _decode_kernel(q, k_cache, v_cache, block_tables, context_lens, out, part_acc, part_ml, counters,
                    qk_scale, stride_qb, stride_qh, stride_ob, stride_oh, stride_bt, num_splits,
                    GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, KV_HEADS: tl.constexpr,
                    D: tl.constexpr, D_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
-                   SPLIT: tl.constexpr, PRECISION: tl.constexpr):
+                   SPLIT: tl.constexpr, SPLITS_POW2: tl.constexpr, PRECISION: tl.constexpr):
     # num_splits is a run-time value: as contexts grow from step to step the split count changes, and a
     # compile-time value would compile a new kernel each time it did.
     kv_head, b, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -171,31 +173,57 @@ def _decode_kernel(q, k_cache, v_cache, block_tables, context_lens, out, part_ac
                  o.to(out.dtype.element_ty), mask=_tile_mask(g < GROUP, d, D, D_PAD))
     else:  # write the partial result; a split past the end leaves m = -inf, l = 0, acc = 0
         # partials are kept D_PAD wide, padding included (zeros: v's padding loaded as 0): that
-        # spares the column masks here and in the reduce kernel
+        # spares the column masks here and in the combine
         idx = (b * (KV_HEADS * GROUP) + heads) * num_splits + split  # [B, H, num_splits] order
         tl.store(part_acc + idx[:, None] * D_PAD + d[None, :], acc, mask=g[:, None] < GROUP)
         tl.store(part_ml + idx * 2, m, mask=g < GROUP)
         tl.store(part_ml + idx * 2 + 1, l, mask=g < GROUP)
+        # Count this split done. Every thread's partials are stored before the count goes up (the
+        # barrier), and the count is a release/acquire atomic, so the program that sees the others'
+        # counts also sees their partials.
+        tl.debug_barrier()
+        counter = counters + b * KV_HEADS + kv_head
+        if tl.atomic_add(counter, 1, sem="acq_rel") == num_splits - 1:  # the last split: combine them all
+            _combine_splits(part_acc, part_ml, out, b, kv_head, stride_ob, stride_oh, num_splits,
+                            GROUP, KV_HEADS, D, D_PAD, SPLITS_POW2)
+            tl.store(counter, 0)  # back to zero for the next call (a CUDA graph replays this kernel)
 
 
 @triton.jit
-def _decode_reduce_kernel(part_acc, part_ml, out, stride_ob, stride_oh, num_splits, NUM_HEADS: tl.constexpr,
-                          D: tl.constexpr, D_PAD: tl.constexpr, SPLITS_POW2: tl.constexpr):
-    # One program per (sequence, head): combine the splits' partial softmaxes.
+def _combine_splits(part_acc, part_ml, out, b, kv_head, stride_ob, stride_oh, num_splits, GROUP: tl.constexpr,
+                    KV_HEADS: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr, SPLITS_POW2: tl.constexpr):
+    # Combine the splits' partial softmaxes of one sequence's `group` heads (run by its last split).
     # Split i saw sum_i = sum exp2(s - m_i) and acc_i = sum exp2(s - m_i) v. Rescaled to the global
     # max M, the full softmax is sum_i exp2(m_i - M) acc_i / sum_i exp2(m_i - M) sum_i.
-    h, b = tl.program_id(0), tl.program_id(1)
+    # The partials were written by other programs, maybe on other SMs: loaded from L2 (".cg"), past
+    # this SM's own cache, which may still hold the last call's.
     i = tl.arange(0, SPLITS_POW2)
     d = tl.arange(0, D_PAD)  # part_acc rows are D_PAD wide; only the first D columns are stored
-    base = (b * NUM_HEADS + h) * num_splits + i
-    m = tl.load(part_ml + base * 2, mask=i < num_splits, other=float("-inf"))
-    l = tl.load(part_ml + base * 2 + 1, mask=i < num_splits, other=0.0)
-    acc = tl.load(part_acc + base[:, None] * D_PAD + d[None, :], mask=(i < num_splits)[:, None], other=0.0)
-    top = tl.max(m, axis=0)
-    top = tl.where(top == float("-inf"), 0.0, top)  # every split empty (context_len 0): zeros, not NaN
-    w = tl.exp2(m - top)  # empty splits: exp2(-inf) = 0
-    o = tl.sum(acc * w[:, None], axis=0) / tl.maximum(tl.sum(l * w, axis=0), 1e-30)
-    tl.store(out + b * stride_ob + h * stride_oh + d, o.to(out.dtype.element_ty), mask=d < D)
+    for j in tl.static_range(GROUP):
+        h = kv_head * GROUP + j
+        base = (b * (KV_HEADS * GROUP) + h) * num_splits + i
+        m = tl.load(part_ml + base * 2, mask=i < num_splits, other=float("-inf"), cache_modifier=".cg")
+        l = tl.load(part_ml + base * 2 + 1, mask=i < num_splits, other=0.0, cache_modifier=".cg")
+        acc = tl.load(part_acc + base[:, None] * D_PAD + d[None, :], mask=(i < num_splits)[:, None], other=0.0,
+                      cache_modifier=".cg")
+        top = tl.max(m, axis=0)
+        top = tl.where(top == float("-inf"), 0.0, top)  # every split empty (context_len 0): zeros, not NaN
+        w = tl.exp2(m - top)  # empty splits: exp2(-inf) = 0
+        o = tl.sum(acc * w[:, None], axis=0) / tl.maximum(tl.sum(l * w, axis=0), 1e-30)
+        tl.store(out + b * stride_ob + h * stride_oh + d, o.to(out.dtype.element_ty), mask=d < D)
+
+
+_COUNTERS = {}  # device -> the decode kernel's split counters (int32, zero between calls)
+
+
+def _split_counters(device, n: int) -> torch.Tensor:
+    """At least n zeroed counters, kept from call to call: each call leaves them at zero, and a new
+    tensor would cost a memset kernel per call. A larger batch takes a larger tensor; the older one
+    stays alive, because a CUDA graph recorded with it still uses it."""
+    held = _COUNTERS.setdefault(device, [])
+    if not held or held[-1].numel() < n:
+        held.append(torch.zeros(max(n, 2 * held[-1].numel() if held else 1024), dtype=torch.int32, device=device))
+    return held[-1]
 
 
 def _num_sms(device):
@@ -253,19 +281,16 @@ def paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scal
     if num_splits > 1:
         part_acc = torch.empty(B, num_heads, num_splits, d_pad, dtype=torch.float32, device=q.device)
         part_ml = torch.empty(B, num_heads, num_splits, 2, dtype=torch.float32, device=q.device)
+        counters = _split_counters(q.device, B * kv_heads)
     else:
-        part_acc = part_ml = out  # unused
+        part_acc = part_ml = counters = out  # unused
     _decode_kernel[(kv_heads, B, num_splits)](
-        q, k_cache, v_cache, block_tables, context_lens, out, part_acc, part_ml,
+        q, k_cache, v_cache, block_tables, context_lens, out, part_acc, part_ml, counters,
         scale * LOG2E, q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0), num_splits,
         GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)),
         KV_HEADS=kv_heads, D=D, D_PAD=d_pad, BLOCK_SIZE=block_size, BLOCK_N=block_n, SPLIT=num_splits > 1,
-        PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        SPLITS_POW2=triton.next_power_of_2(num_splits), PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         num_warps=num_warps or 4, num_stages=num_stages or 3)  # best of the H200 sweep
-    if num_splits > 1:
-        _decode_reduce_kernel[(num_heads, B)](
-            part_acc, part_ml, out, out.stride(0), out.stride(1), num_splits, NUM_HEADS=num_heads,
-            D=D, D_PAD=d_pad, SPLITS_POW2=triton.next_power_of_2(num_splits), num_warps=4)
     return out
 
 
