@@ -407,3 +407,26 @@ def test_silu_gemv_equals_silu_and_mul_then_linear(dtype, shape):
     assert_close(triton_fused.silu_gemv(gate_up, w), want)
     with pytest.raises(ValueError, match=rf"gemv takes x \[1, {2 * K}\]"):
         triton_fused.silu_gemv(gate_up[:, :K], w)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_triton_pick_draws_lesson_02s_tokens(seed):
+    # Lesson 06's sampler kernel against lesson 02's pick, which defines the draw: greedy and sampled rows
+    # side by side, masked tokens (-inf, never drawn), seeds past 2**32, a vocabulary that is no multiple of
+    # the kernel's tile, ties (argmax's lowest id), and one row or many (the vocabulary cut into more slices).
+    from nanoserve.engine.sampler import pick
+    from nanoserve.kernels import triton_fused
+
+    rng, gen = random.Random(seed), torch.Generator().manual_seed(seed)
+    B, V = rng.choice([1, 3, 9]), rng.choice([1000, 5003, 151_936 if ON_GPU else 20_011])
+    dtype = torch.bfloat16 if ON_GPU and seed % 2 else torch.float32
+    logits = (torch.randn(B, V, generator=gen) * rng.choice([0.5, 3.0])).to(dtype)
+    logits[:, rng.randrange(V)] = float("-inf")
+    logits[0, 7] = logits[0, 900] = logits[0].max() + 1  # a tie for the greedy row: token 7 wins
+    temperature = torch.tensor([0.0] + [rng.choice([0.0, 0.3, 0.6, 1.0, 1.7]) for _ in range(B - 1)])
+    seeds = torch.tensor([rng.randrange(2**63) for _ in range(B)])
+    steps = torch.tensor([rng.randrange(10_000) for _ in range(B)])
+    want = pick(logits, temperature, seeds, steps)
+    got = triton_fused.triton_pick(logits.to(DEVICE), temperature.to(DEVICE), seeds.to(DEVICE), steps.to(DEVICE))
+    assert got.dtype == torch.int64 and got.tolist() == want.tolist()
+    assert got[0] == 7

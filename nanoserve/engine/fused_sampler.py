@@ -21,11 +21,15 @@ class FusedSampler(Sampler):
         self.dev_f = torch.zeros(2, max_num_seqs, dtype=torch.float32, device=self.device)
         self.dev_i = torch.zeros(3, max_num_seqs, dtype=torch.int64, device=self.device)
         self.turn = 0
-        # Every step's draw runs the same compiled `pick`, so a row's numerics never depend on its
-        # batch-mates. top-k/top-p (a sort and a cumsum, which torch 2.11's inductor fails to compile
+        # Every step's draw runs the same `pick` (compiled; on a GPU section 8's one Triton kernel), so a
+        # row's numerics never depend on its batch-mates. top-k/top-p (a sort and a cumsum, which torch 2.11's inductor fails to compile
         # with dynamic shapes) run eagerly before it, and only in steps where some row asks for them:
         # they leave the other rows' logits exactly as they are.
-        self.pick = torch.compile(pick, dynamic=True) if compiled else pick
+        if compiled and on_gpu:
+            from nanoserve.kernels import triton_fused  # imported on GPU machines only
+            self.pick = triton_fused.triton_pick
+        else:
+            self.pick = torch.compile(pick, dynamic=True) if compiled else pick
 
     def __call__(self, logits: torch.Tensor, params: list, seeds: list[int], steps: list[int]) -> torch.Tensor:
         """The sampled tokens as a device tensor: queued on the GPU, not waited for."""

@@ -88,8 +88,9 @@ class ModelRunner:
             self.cache.copy_blocks(copies)  # forks' partly filled blocks, before anyone writes to them
             if meta.num_fed:  # placeholders: the tokens feed sampled, copied in the device's own queue
                 d = self.builder.d
-                rows, src = d["feed_rows"][:meta.num_fed].long(), d["feed_from"][:meta.num_fed].long()
-                meta.input_ids[rows] = feed.tokens[src].to(meta.input_ids.dtype)
+                # three small kernels: the builder's int32 rows index directly (no casts to int64 first)
+                rows, src = d["feed_rows"][:meta.num_fed], d["feed_from"][:meta.num_fed]
+                meta.input_ids[rows] = feed.tokens.index_select(0, src).to(meta.input_ids.dtype)
             if self.workers is not None:
                 self.workers.share_inputs(meta)
             return self.compute(meta, size)

@@ -10,8 +10,6 @@ from dataclasses import dataclass
 
 import llguidance
 import llguidance.gbnf_to_lark
-import llguidance.hf
-import llguidance.torch
 import torch
 
 
@@ -65,6 +63,7 @@ _COMPILED: dict = {}
 def ll_tokenizer(tokenizer) -> llguidance.LLTokenizer:
     entry = _LL_TOKENIZERS.get(id(tokenizer))
     if entry is None or entry[0] is not tokenizer:
+        import llguidance.hf  # imported when first used: it imports transformers
         entry = _LL_TOKENIZERS[id(tokenizer)] = (tokenizer, llguidance.hf.from_tokenizer(tokenizer))
     return entry[1]
 
@@ -90,6 +89,7 @@ def grammar_matcher(tokenizer, spec: StructuredOutputsParams) -> llguidance.LLMa
 
 def allowed_tokens(matchers: list, tokenizer, vocab_size: int) -> torch.Tensor:
     """[R, vocab_size] bool on the host: which tokens each matcher allows next."""
+    import llguidance.torch  # imported when first used: it imports torch.compile's machinery (seconds)
     bitmask = llguidance.torch.allocate_token_bitmask(len(matchers), ll_tokenizer(tokenizer).vocab_size)
     for row, matcher in enumerate(matchers):
         llguidance.torch.fill_next_token_bitmask(matcher, bitmask, row)

@@ -147,3 +147,70 @@ def triton_qk_norm_rope(q, k, q_weight, k_weight, eps: float, cos, sin):
             q, k, q_weight if norm else q, k_weight if norm else k, cos.contiguous(), sin.contiguous(), q_out, k_out,
             eps, q.stride(0), k.stride(0), Q_HEADS=q_heads, K_HEADS=k_heads, HALF=D // 2, NORM=norm, num_warps=1)
     return q_out, k_out
+
+
+@triton.jit
+def _mix32(x):
+    """Lesson 02's _mix32 in uint32 arithmetic: its products, taken mod 2**32 there by `& MASK32`, wrap
+    here by themselves (a GPU has no fast 64-bit multiply)."""
+    x = x ^ (x >> 16)
+    x = x * 0x7FEB352D
+    x = x ^ (x >> 15)
+    x = x * 0x2C1B3C6D
+    return x ^ (x >> 16)
+
+
+@triton.jit(do_not_specialize=["splits"])
+def _pick_kernel(logits, temperature, seeds, steps, best_value, best_token, V, stride, per_program, splits,
+                 BLOCK: tl.constexpr):
+    # One program per (row, slice of the vocabulary): the best token of its slice, as lesson 02's pick
+    # scores it (the logit for temperature 0, else logit / T - log(-log(u)) with u from the hash).
+    # `splits` changes with the batch size: a run-time value, not a constexpr, and not specialised on
+    # either (Triton compiles again for an integer that is 1 or divisible by 16: a second or so, in the
+    # middle of a run).
+    row, part = tl.program_id(0), tl.program_id(1)
+    t = tl.load(temperature + row)
+    seed, step = tl.load(seeds + row), tl.load(steps + row)
+    s = _mix32((seed & 0xFFFFFFFF).to(tl.uint32)) ^ _mix32((seed >> 32).to(tl.uint32))
+    s = _mix32(s + _mix32((step & 0xFFFFFFFF).to(tl.uint32)))
+    best = tl.full([BLOCK], float("-inf"), tl.float32)
+    where = tl.zeros([BLOCK], tl.int32)
+    lo = part * per_program
+    hi = tl.minimum(lo + per_program, V)
+    for start in range(lo, hi, BLOCK):
+        tokens = start + tl.arange(0, BLOCK)
+        x = tl.load(logits + row * stride + tokens, mask=tokens < hi, other=float("-inf")).to(tl.float32)
+        if t != 0:
+            bits = _mix32(s * 0x5BD1E995 + tokens.to(tl.uint32))
+            u = ((bits >> 9).to(tl.float32) + 0.5) / 8388608.0  # / 2**23, exactly as lesson 02
+            x = x / t - tl.log(-tl.log(u))
+        better = x > best  # strictly: each lane keeps its first best token, as argmax does
+        best, where = tl.where(better, x, best), tl.where(better, tokens, where)
+    top = tl.max(best, 0)
+    tl.store(best_value + row * splits + part, top)
+    tl.store(best_token + row * splits + part, tl.min(tl.where(best == top, where, 2**31 - 1), 0))
+
+
+def triton_pick(logits: torch.Tensor, temperature, seeds, steps) -> torch.Tensor:
+    """Lesson 02's pick (same arguments, the same tokens) in one kernel: each program scores a slice of
+    the vocabulary, and the best of the slices is taken by two small torch ops."""
+    B, V = logits.shape
+    if logits.stride(1) != 1:
+        logits = logits.contiguous()
+    block = 1024
+    splits = max(1, min(triton.cdiv(4 * _num_sms(logits.device), max(B, 1)), triton.cdiv(V, block), 128))
+    per_program = triton.cdiv(triton.cdiv(V, splits), block) * block
+    splits = triton.cdiv(V, per_program)
+    values = torch.empty(B, splits, dtype=torch.float32, device=logits.device)
+    tokens = torch.empty(B, splits, dtype=torch.int32, device=logits.device)
+    if B:
+        _pick_kernel[(B, splits)](logits, temperature.float().contiguous(), seeds.contiguous(), steps.contiguous(),
+                                  values, tokens, V, logits.stride(0), per_program, splits, BLOCK=block, num_warps=4)
+    # the first slice with the best score: ties go to the lowest token id, as argmax's do
+    return tokens.gather(1, values.argmax(dim=1, keepdim=True))[:, 0].long()
+
+
+def _num_sms(device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 132  # Triton's interpreter on a CPU (the tests): an H200's count
