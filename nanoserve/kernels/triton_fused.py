@@ -20,6 +20,8 @@ import torch
 import triton
 import triton.language as tl
 
+from nanoserve.kernels.triton_paged import _num_sms  # the GPU's SM count (an H200's in the interpreter)
+
 PLAIN, NORM, SILU = 0, 1, 2  # what a product does to its input row on the way in
 
 
@@ -212,9 +214,3 @@ def triton_pick(logits: torch.Tensor, temperature, seeds, steps) -> torch.Tensor
                                   values, tokens, V, logits.stride(0), per_program, splits, BLOCK=block, num_warps=4)
     # the first slice with the best score: ties go to the lowest token id, as argmax's do
     return tokens.gather(1, values.argmax(dim=1, keepdim=True))[:, 0].long()
-
-
-def _num_sms(device) -> int:
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
-    return 132  # Triton's interpreter on a CPU (the tests): an H200's count
