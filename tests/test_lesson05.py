@@ -184,3 +184,26 @@ def test_the_workload_takes_maxima_under_nano_vllms_minimum():
     assert all(1 <= len(p) <= 50 for p in prompts) and all(1 <= m <= 20 for m in max_tokens)
     _, max_tokens = workload()  # the course's workload is unchanged
     assert sum(max_tokens) == 133_966
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_decode_steps_run_their_sequences_longest_first(async_scheduling):
+    # The runner hands each decode step to the builder longest context first (lesson 06: the decode kernel's grid
+    # then starts its longest work first). Every list of the step is reordered alike, so each request still gets
+    # the tokens it gets alone, with placeholders fed from the reordered step before (async scheduling).
+    llm = LLM("tiny-qwen3", max_model_len=256, num_gpu_blocks_override=64, async_scheduling=async_scheduling)
+    builder, seen = llm.engine.runner.builder, []
+    build = builder.build
+
+    def spy(cache, seqs, *args, **kwargs):
+        if all(len(tokens) == 1 for _, _, tokens in seqs):
+            seen.append([start + 1 for _, start, _ in seqs])  # each sequence's context length
+        return build(cache, seqs, *args, **kwargs)
+
+    builder.build = spy
+    prompts = [[5] * 4, [6] * 40, [7] * 17, [8] * 9]  # admitted in this order, so unsorted at first
+    params = SamplingParams(temperature=0.8, seed=3, max_tokens=6, ignore_eos=True)
+    together = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+    assert seen and all(lengths == sorted(lengths, reverse=True) for lengths in seen)
+    assert any(len(lengths) == 4 for lengths in seen)
+    assert together == [llm.generate([p], params, use_tqdm=False)[0].outputs[0].token_ids for p in prompts]
