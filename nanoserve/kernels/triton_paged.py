@@ -222,6 +222,10 @@ def _split_counters(device, n: int) -> torch.Tensor:
     stays alive, because a CUDA graph recorded with it still uses it."""
     held = _COUNTERS.setdefault(device, [])
     if not held or held[-1].numel() < n:
+        # lesson 06 runs each graph's forward once before recording it, so this never allocates inside one
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError("the decode kernel's split counters must exist before a CUDA graph is recorded: "
+                               "run the forward once outside the graph first")
         held.append(torch.zeros(max(n, 2 * held[-1].numel() if held else 1024), dtype=torch.int32, device=device))
     return held[-1]
 
