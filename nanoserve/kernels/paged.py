@@ -10,15 +10,16 @@ context_lens count them.
 import torch
 
 from nanoserve.kernels.attention import causal_attention
-from nanoserve.kernels.contiguous import decode_attention
 
 
 def store_kv(k_cache, v_cache, slot_mapping, k, v) -> None:
     """Write token i's k[i], v[i] into slot slot_mapping[i]; a negative slot means skip (padding)."""
     keep = slot_mapping >= 0
-    slots = slot_mapping[keep]
-    k_cache.view(-1, *k_cache.shape[2:])[slots.long()] = k[keep]  # the pool seen as one array of slots
-    v_cache.view(-1, *v_cache.shape[2:])[slots.long()] = v[keep]
+    if not keep.all():  # only padding rows have no slot: the masks (a few ops each) only when there are any
+        slot_mapping, k, v = slot_mapping[keep], k[keep], v[keep]
+    slots = slot_mapping.long()
+    k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, slots, k)  # the pool seen as one array of slots
+    v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, slots, v)
 
 
 def gather_kv(cache: torch.Tensor, block_table: torch.Tensor, length: int) -> torch.Tensor:
@@ -37,12 +38,24 @@ def paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scal
     """One new token per sequence: q [B, heads, head_dim] -> [B, heads, head_dim]."""
     longest = max_context_len or int(context_lens.max())
     # gather_kv for the whole batch in one indexing op: [B, blocks, block_size, ...] -> [B, tokens, ...].
-    # A -1 (no block) reads block 0; those slots lie past the row's length, and lesson 02 masks them.
+    # A -1 (no block) reads block 0; those slots lie past the row's length, and the mask below hides them.
     blocks = block_tables[:, : -(-longest // k_cache.shape[1])].clamp(min=0).long()
     shape = (len(blocks), -1, *k_cache.shape[2:])  # [B, blocks * block_size, kv_heads, head_dim]
-    k = k_cache.index_select(0, blocks.flatten()).view(shape)  # index_select: a plain copy of whole blocks
-    v = v_cache.index_select(0, blocks.flatten()).view(shape)
-    return decode_attention(_rescaled(q, scale), k, v, context_lens).to(q.dtype)
+    flat = blocks.flatten()
+    k = k_cache.index_select(0, flat).view(shape)  # index_select: a plain copy of whole blocks
+    v = v_cache.index_select(0, flat).view(shape)
+    # Lesson 02's decode_attention, in torch's fused attention: one op where that function runs a dozen (on
+    # a CPU each op's overhead is most of its time: about 1.5x faster at one sequence of 100 tokens on a
+    # 2-core machine, more for longer or more sequences; bench/cpu_paged_decode.py).
+    # As there, the group of query heads that shares a kv head is that head's rows of queries: q as
+    # [B, kv_heads, group, head_dim] against K/V [B, kv_heads, tokens, head_dim], no copy per query head.
+    B, num_heads, head_dim = q.shape
+    kv_heads = k.shape[2]
+    filled = torch.arange(k.shape[1], device=q.device)[None, :] < context_lens[:, None]  # [B, tokens]
+    out = torch.nn.functional.scaled_dot_product_attention(
+        q.float().view(B, kv_heads, num_heads // kv_heads, head_dim), k.transpose(1, 2).float(),
+        v.transpose(1, 2).float(), attn_mask=filled[:, None, None, :], scale=scale)
+    return out.reshape(B, num_heads, head_dim).to(q.dtype)
 
 
 def paged_prefill_attention(q, k_cache, v_cache, cu_seqlens_q, context_lens, block_tables, scale=None,
