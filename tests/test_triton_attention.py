@@ -430,3 +430,22 @@ def test_triton_pick_draws_lesson_02s_tokens(seed):
     got = triton_fused.triton_pick(logits.to(DEVICE), temperature.to(DEVICE), seeds.to(DEVICE), steps.to(DEVICE))
     assert got.dtype == torch.int64 and got.tolist() == want.tolist()
     assert got[0] == 7
+
+
+def test_triton_pick_ties_within_one_program_go_to_the_lower_token():
+    # 64 rows: each program then scores several tiles of its slice, so tokens 7 and 7 + 1024 meet in the same
+    # lane of the same program (the kernel's strict `>` keeps the first), and 5 and 3000 in different ones.
+    from nanoserve.engine.sampler import pick
+    from nanoserve.kernels import triton_fused
+
+    gen = torch.Generator().manual_seed(11)
+    B, V = 64, 20_011
+    logits = torch.randn(B, V, generator=gen)
+    top = logits.max() + 1
+    logits[0, 7] = logits[0, 7 + 1024] = top
+    logits[1, 5] = logits[1, 3000] = top
+    temperature, seeds, steps = torch.zeros(B), torch.arange(B), torch.zeros(B, dtype=torch.int64)
+    temperature[2:] = 0.7
+    want = pick(logits, temperature, seeds, steps)
+    got = triton_fused.triton_pick(logits.to(DEVICE), temperature.to(DEVICE), seeds.to(DEVICE), steps.to(DEVICE))
+    assert got[:2].tolist() == [7, 5] and got.tolist() == want.tolist()

@@ -22,9 +22,9 @@ class FusedSampler(Sampler):
         self.dev_i = torch.zeros(3, max_num_seqs, dtype=torch.int64, device=self.device)
         self.turn = 0
         # Every step's draw runs the same `pick` (compiled; on a GPU section 8's one Triton kernel), so a
-        # row's numerics never depend on its batch-mates. top-k/top-p (a sort and a cumsum, which torch 2.11's inductor fails to compile
-        # with dynamic shapes) run eagerly before it, and only in steps where some row asks for them:
-        # they leave the other rows' logits exactly as they are.
+        # row's numerics never depend on its batch-mates. top-k/top-p (a sort and a cumsum, which torch
+        # 2.11's inductor fails to compile with dynamic shapes) run eagerly before it, and only in steps
+        # where some row asks for them: they leave the other rows' logits exactly as they are.
         if compiled and on_gpu:
             from nanoserve.kernels import triton_fused  # imported on GPU machines only
             self.pick = triton_fused.triton_pick

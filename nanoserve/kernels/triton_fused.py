@@ -151,7 +151,8 @@ def triton_qk_norm_rope(q, k, q_weight, k_weight, eps: float, cos, sin):
             cos, sin = cos.contiguous(), sin.contiguous()
         _qk_norm_rope_kernel[(T, q_heads + k_heads)](
             q, k, q_weight if norm else q, k_weight if norm else k, cos, sin, q_out, k_out,
-            eps, q.stride(0), k.stride(0), cos.stride(0), Q_HEADS=q_heads, K_HEADS=k_heads, HALF=D // 2, NORM=norm, num_warps=1)
+            eps, q.stride(0), k.stride(0), cos.stride(0), Q_HEADS=q_heads, K_HEADS=k_heads, HALF=D // 2, NORM=norm,
+            num_warps=1)
     return q_out, k_out
 
 
