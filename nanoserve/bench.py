@@ -226,7 +226,8 @@ def profile_decode(llm, prompts, num_steps: int = 20) -> dict:
 
 
 def main(model: str, baseline: bool, out: str | None, num_seqs: int, profile: bool = False,
-         ladder: bool = False, tensor_parallel_size: int = 1, custom_all_reduce: bool = False) -> int:
+         ladder: bool = False, tensor_parallel_size: int = 1, custom_all_reduce: bool = False,
+         kv_cache_dtype: str = "auto") -> int:
     if not torch.cuda.is_available() and num_seqs == 256:
         print("nanoserve: bench measures a GPU; on a CPU the full workload would take hours "
               "(try --num-seqs 4 --no-baseline --model tiny-qwen3 to see it run)", file=sys.stderr)
@@ -236,14 +237,16 @@ def main(model: str, baseline: bool, out: str | None, num_seqs: int, profile: bo
           f"{sum(max_tokens):,} output tokens", file=sys.stderr)
     results = {"model": model, "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
                "torch": torch.__version__, "tensor_parallel_size": tensor_parallel_size,
-               "custom_all_reduce": custom_all_reduce}
-    tp = {"tensor_parallel_size": tensor_parallel_size} if tensor_parallel_size > 1 else {}
+               "custom_all_reduce": custom_all_reduce, "kv_cache_dtype": kv_cache_dtype}
+    settings = {"kv_cache_dtype": kv_cache_dtype}  # what every LLM below gets besides its stage's switches
+    if tensor_parallel_size > 1:
+        settings["tensor_parallel_size"] = tensor_parallel_size
     if custom_all_reduce:
-        tp["custom_all_reduce"] = True
+        settings["custom_all_reduce"] = True
     stages = STAGES if ladder else {"nanoserve": {}}  # {}: the LLM's defaults (graphs and fused ops on a GPU)
     results["ladder"] = {}
     for name, switches in stages.items():
-        found = results["ladder"][name] = bench_stage(model, prompts, max_tokens, **switches, **tp)
+        found = results["ladder"][name] = bench_stage(model, prompts, max_tokens, **switches, **settings)
         w, b = found["workload"], found["bs1"]
         print(f"{name}: {w['output_tokens']:,} tokens in {w['seconds']:.1f} s = {w['tok_per_s']:,.0f} tok/s "
               f"({w['prefill_steps']} steps with prefill, {w['decode_only_steps']} decode-only, {w['preemptions']} "
@@ -255,7 +258,7 @@ def main(model: str, baseline: bool, out: str | None, num_seqs: int, profile: bo
         from nanoserve.engine.llm import LLM
 
         # Steps one after another (no async scheduling), so that each phase's time is its own.
-        with LLM(model, max_model_len=4096, async_scheduling=False, **tp) as llm:
+        with LLM(model, max_model_len=4096, async_scheduling=False, **settings) as llm:
             found = results["profile"] = profile_decode(llm, prompts)
         print(f"one decode step at batch {found['batch']}: {found['total_ms_per_step']:.2f} ms")
         for phase, ms in found["ms_per_step"].items():

@@ -63,8 +63,11 @@ def _model_len(text: str) -> int:
 
 
 def _kv_cache_dtype(text: str) -> str:
-    if text != "auto":
-        raise argparse.ArgumentTypeError(f"only 'auto' (the model's dtype) is supported so far, got {text!r}")
+    """vLLM's --kv-cache-dtype: auto (the model's dtype), bfloat16, or fp8 / fp8_e4m3 (lesson 06)."""
+    from nanoserve.engine.llm import KV_CACHE_DTYPES
+
+    if text != "auto" and text not in KV_CACHE_DTYPES:
+        raise argparse.ArgumentTypeError(f"one of auto, {', '.join(KV_CACHE_DTYPES)}; got {text!r}")
     return text
 
 
@@ -109,6 +112,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="run nanoserve split over N GPUs (default 1)")
     bench.add_argument("--custom-all-reduce", action="store_true",
                        help="with tensor parallelism, small all-reduces by the one-shot kernel (lesson 07)")
+    bench.add_argument("--kv-cache-dtype", type=_kv_cache_dtype, default="auto",
+                       help="the KV cache's: auto (the model's dtype), bfloat16, fp8 or fp8_e4m3")
     bench.add_argument("--out", default=None, help="also write the results as JSON here")
     bench.add_argument("--profile", action="store_true",
                        help="also show where one decode step's time goes, with every request decoding")
@@ -162,7 +167,8 @@ def add_serve_parser(sub) -> None:
     # vLLM's deployment flags
     serve.add_argument("--chat-template", default=None,
                        help="a Jinja chat template (a file, or the template itself) in place of the model's")
-    serve.add_argument("--kv-cache-dtype", type=_kv_cache_dtype, default="auto", help="auto only, so far")
+    serve.add_argument("--kv-cache-dtype", type=_kv_cache_dtype, default="auto",
+                       help="the KV cache's: auto (the model's dtype), bfloat16, fp8 or fp8_e4m3 (e4m3, scale 1.0)")
     serve.add_argument("--uvicorn-log-level", default="warning",
                        choices=["critical", "error", "warning", "info", "debug", "trace"])
     serve.add_argument("--disable-log-requests", "--disable-log-stats", action="store_true",
@@ -304,7 +310,8 @@ def serve(args) -> int:
               custom_all_reduce=args.custom_all_reduce,
               gpu_memory_utilization=args.gpu_memory_utilization, num_gpu_blocks_override=args.num_gpu_blocks_override,
               seed=args.seed, device=args.device, max_logprobs=args.max_logprobs,
-              generation_config=args.generation_config, tokenizer=args.tokenizer)
+              generation_config=args.generation_config, tokenizer=args.tokenizer,
+              kv_cache_dtype=args.kv_cache_dtype)
     if args.chat_template is not None:  # vLLM's --chat-template: a file, or the template's text
         path = os.path.expanduser(args.chat_template)
         llm.tokenizer.chat_template = open(path).read() if os.path.isfile(path) else args.chat_template
@@ -324,7 +331,7 @@ def run(args) -> int:
         from nanoserve.bench import main as bench_main
 
         return bench_main(args.model, not args.no_baseline, args.out, args.num_seqs, args.profile, args.ladder,
-                          args.tensor_parallel_size, args.custom_all_reduce)
+                          args.tensor_parallel_size, args.custom_all_reduce, args.kv_cache_dtype)
     if args.command == "serve":
         return serve(args)
     if args.command == "bench-serve":

@@ -198,7 +198,8 @@ def test_vllm_serve_flags(monkeypatch, tmp_path, capsys):
     assert args.tensor_parallel_size == 2 and args.max_model_len == 2000
     assert parse(["serve", "m", "--max-model-len", "2K"]).max_model_len == 2048
     assert parse(["serve", "m", "--tokenizer", "tok"]).tokenizer == "tok"  # (LLM(tokenizer=): test_vllm_examples)
-    for bad, says in [(["--kv-cache-dtype", "fp8"], "only 'auto'"), (["--trust-remote-code"], "own code"),
+    assert parse(["serve", "m", "--kv-cache-dtype", "fp8"]).kv_cache_dtype == "fp8"
+    for bad, says in [(["--kv-cache-dtype", "fp8_e5m2"], "auto, bfloat16, fp8"), (["--trust-remote-code"], "own code"),
                       (["--max-model-len", "two"], "like 2k")]:
         with pytest.raises(SystemExit) as stop:
             parse(["serve", "m", *bad])
@@ -208,7 +209,9 @@ def test_vllm_serve_flags(monkeypatch, tmp_path, capsys):
     template = tmp_path / "t.jinja"
     template.write_text("{% for m in messages %}<<{{ m['content'] }}>>{% endfor %}")
     assert main(["serve", "tiny-qwen3", "--device", "cpu", "--served-model-name", "mine", "--chat-template",
-                 str(template), "--uvicorn-log-level", "info", "--num-gpu-blocks-override", "16"]) == 0
+                 str(template), "--uvicorn-log-level", "info", "--num-gpu-blocks-override", "16",
+                 "--kv-cache-dtype", "fp8"]) == 0
+    assert served["llm"].cache.k_cache.dtype == torch.float8_e4m3fn
     tok = served["llm"].tokenizer
     ids = tok.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=True)
     ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)

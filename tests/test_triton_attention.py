@@ -335,6 +335,57 @@ def test_inputs_that_cannot_work_raise_value_error():
         ta.store_kv(k_cache, v_cache, torch.zeros(1, dtype=torch.int64, device=DEVICE), q[:, :3], q[:, :3])
 
 
+# ------------------------------------------------------------------ a float8 e4m3 cache (lesson 06)
+
+FP8 = torch.float8_e4m3fn
+FP8_CASES = [CASES[i] for i in (0, 3, 6, 9)]  # groups 1, 2, 4, 8; head dims 64 and 128; q in every dtype
+
+
+def as_fp8(k_cache, v_cache):
+    """The caches as an fp8 cache holds them: K spread wide enough (x 40) that some values saturate."""
+    return (k_cache.float() * 40).clamp(-448, 448).to(FP8), v_cache.float().to(FP8)
+
+
+@pytest.mark.parametrize("group, head_dim, dtype, block_size, seed", FP8_CASES,
+                         ids=[CASE_IDS[i] for i in (0, 3, 6, 9)])
+def test_decode_and_prefill_read_an_fp8_cache(group, head_dim, dtype, block_size, seed):
+    rng, gen = random.Random(seed), torch.Generator().manual_seed(seed)
+    lengths = random_lengths(rng, rng.randint(1, MAX_BATCH), block_size)
+    k_cache, v_cache, tables, lens = make_cache(lengths, KV_HEADS, head_dim, block_size, dtype, gen)
+    k8, v8 = as_fp8(k_cache, v_cache)
+    q = torch.randn(len(lengths), KV_HEADS * group, head_dim, generator=gen).to(DEVICE, dtype) / 40
+    assert_close(ta.paged_decode_attention(q, k8, v8, tables, lens),
+                 reference.paged_decode_attention(q, k8.to(dtype), v8.to(dtype), tables, lens))
+    q, k_cache, v_cache, cu, lens, tables = make_prefill(rng, gen, rng.randint(1, 3), group, head_dim, block_size,
+                                                         dtype, 1024 if ON_GPU else 100, MAX_LEN)
+    k8, v8 = as_fp8(k_cache, v_cache)
+    q = q / 40
+    assert_close(ta.paged_prefill_attention(q, k8, v8, cu, lens, tables),
+                 reference.paged_prefill_attention(q, k8.to(dtype), v8.to(dtype), cu, lens, tables))
+
+
+@pytest.mark.skipif(not ON_GPU, reason="Triton's interpreter rounds to float8 wrongly on a CPU (0.031 becomes "
+                                       "0.0156): the fp8 store is checked on the GPU")
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_store_kv_into_an_fp8_cache_rounds_as_the_torch_twin(dtype):
+    gen = torch.Generator().manual_seed(8)
+    T, kv_heads, head_dim = 300, 2, 128
+    k_cache = torch.zeros(40, 16, kv_heads, head_dim, dtype=FP8, device=DEVICE)
+    v_cache = torch.zeros_like(k_cache)
+    # every magnitude e4m3 has: subnormals (< 2**-6), normal values, and past 448 (saturates)
+    k = torch.randn(T, kv_heads, head_dim, generator=gen) * torch.logspace(-4, 3.5, T)[:, None, None]
+    k = k.to(DEVICE, dtype)
+    v = torch.randn(T, kv_heads, head_dim, generator=gen).to(DEVICE, dtype)
+    slots = torch.randperm(40 * 16, generator=gen)[:T]
+    slots[::7] = -1
+    expect_k, expect_v = k_cache.clone(), v_cache.clone()
+    reference.store_kv(expect_k, expect_v, slots.to(DEVICE), k, v)
+    ta.store_kv(k_cache, v_cache, slots.to(DEVICE), k, v)
+    assert torch.equal(k_cache.view(torch.uint8), expect_k.view(torch.uint8))
+    assert torch.equal(v_cache.view(torch.uint8), expect_v.view(torch.uint8))
+    assert k_cache.float().abs().max() == 448 and not k_cache.float().isnan().any()
+
+
 # ------------------------------------------------------------------ lesson 06's decode-step kernels
 
 @pytest.mark.parametrize("dtype", DTYPES)

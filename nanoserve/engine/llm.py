@@ -25,6 +25,8 @@ PROMPT_FORMS = ("a prompt is a string, a list of token ids, {'prompt': str} or {
                 "(or a list of these); chat messages go to LLM.chat")
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "half": torch.float16, "float32": torch.float32,
           "float": torch.float32}
+# vLLM's kv_cache_dtype names ("auto": the model's dtype). fp8 is e4m3 with the scale fixed at 1.0 (lesson 06)
+KV_CACHE_DTYPES = {"bfloat16": torch.bfloat16, "fp8": torch.float8_e4m3fn, "fp8_e4m3": torch.float8_e4m3fn}
 
 
 @dataclass
@@ -260,6 +262,7 @@ class EngineArgs:
     block_size: int = 16
     enable_prefix_caching: bool = True
     enable_chunked_prefill: bool = True
+    kv_cache_dtype: str = "auto"  # the KV pool's: "auto" (the model's dtype), "bfloat16", "fp8" (lesson 06)
     enforce_eager: bool | None = None  # None: eager on a CPU, CUDA graphs and torch.compile on a GPU
     tensor_parallel_size: int = 1
     gpu_memory_utilization: float = 0.9
@@ -301,6 +304,9 @@ class EngineArgs:
             raise ValueError(f"cpu_kv_cache_gib must be a number > 0, got {self.cpu_kv_cache_gib!r}")
         if self.tensor_parallel_size > 1 and not self.fused_ops:
             raise ValueError("tensor parallelism (lesson 07) cuts lesson 06's fused model: leave fused_ops=True")
+        if not isinstance(self.kv_cache_dtype, str) or self.kv_cache_dtype not in ("auto", *KV_CACHE_DTYPES):
+            raise ValueError(f"kv_cache_dtype must be 'auto' or one of {sorted(KV_CACHE_DTYPES)}, "
+                             f"got {self.kv_cache_dtype!r}")
         if not isinstance(self.generation_config, str) or not self.generation_config:
             raise ValueError(f"generation_config must be 'auto', 'vllm' or a folder, got {self.generation_config!r}")
         if isinstance(self.parts, dict):  # dataclasses.asdict(engine_args) turns it into one
@@ -365,7 +371,8 @@ class LLM:
             if self.model is None:
                 raise RuntimeError("this LLM was shut down; create a new one")
             args, weights = self.args, self.model.lm_head.weight
-            measure = partial(num_kv_blocks, self.model.config, args.block_size, weights.dtype,
+            kv_dtype = KV_CACHE_DTYPES.get(args.kv_cache_dtype, weights.dtype)
+            measure = partial(num_kv_blocks, self.model.config, args.block_size, kv_dtype,
                               max_num_seqs=args.max_num_seqs, max_model_len=self.max_model_len,
                               gpu_memory_utilization=args.gpu_memory_utilization, cpu_kv_cache_gib=args.cpu_kv_cache_gib)
             num_blocks = args.num_gpu_blocks_override or measure(device=weights.device)
@@ -374,7 +381,7 @@ class LLM:
             if num_blocks < 1:
                 raise ValueError("no memory left for the KV cache: lower max_model_len or raise gpu_memory_utilization")
             cache_cls = args.parts.get("prefix_cache" if args.enable_prefix_caching else "paged_cache")
-            cache = cache_cls(self.model.config, num_blocks, args.block_size, weights.dtype, weights.device)
+            cache = cache_cls(self.model.config, num_blocks, args.block_size, kv_dtype, weights.device)
             self._engine = args.parts.get("engine", LLMEngine)(
                 self.model, cache, self.tokenizer, self.eos_token_ids, max_num_seqs=args.max_num_seqs,
                 max_num_batched_tokens=args.max_num_batched_tokens, enable_chunked_prefill=args.enable_chunked_prefill,
@@ -392,8 +399,8 @@ class LLM:
         if device.type == "cuda" and not self.enforce_eager:
             graphs = args.parts.get("graphs")(min(args.max_num_seqs, args.max_num_batched_tokens))
         if self.workers is not None:  # every worker builds its KV pool and runner now
-            self.workers.build(cache.block_manager.num_blocks, cache.block_size, args.max_num_seqs,
-                               args.max_num_batched_tokens, self.max_model_len)
+            self.workers.build(cache.block_manager.num_blocks, cache.block_size, cache.k_cache.dtype,
+                               args.max_num_seqs, args.max_num_batched_tokens, self.max_model_len)
         runner = ModelRunner(self.model, cache, args.max_num_seqs, args.max_num_batched_tokens, self.max_model_len,
                              sampler, graphs, self.workers)
         if graphs is not None:

@@ -134,8 +134,8 @@ def serve(conn, model, device: torch.device, parts: dict) -> None:
             measure, = args
             conn.send(("kv", measure(device=device)))
         elif kind == "build":
-            num_blocks, block_size, runner_args = args
-            cache = PagedKVCache(model.config, num_blocks, block_size, model.lm_head.weight.dtype, device)
+            num_blocks, block_size, kv_dtype, runner_args = args
+            cache = PagedKVCache(model.config, num_blocks, block_size, kv_dtype, device)
             runner = ModelRunner(model, cache, **runner_args)  # no sampler, no scheduler: rank 0 has those
         elif kind == "graphs":
             sizes, = args
@@ -252,11 +252,12 @@ class TPWorkers:
         self.send(("kv", measure))
         return min([own] + [n for n, in self.replies("kv")])
 
-    def build(self, num_blocks: int, block_size: int, max_num_seqs: int, max_num_batched_tokens: int,
-              max_model_len: int) -> None:
-        """Every worker allocates its KV pool (num_blocks, as rank 0's) and its model runner."""
-        self.send(("build", num_blocks, block_size, dict(max_num_seqs=max_num_seqs, max_model_len=max_model_len,
-                                                         max_num_batched_tokens=max_num_batched_tokens)))
+    def build(self, num_blocks: int, block_size: int, kv_dtype: torch.dtype, max_num_seqs: int,
+              max_num_batched_tokens: int, max_model_len: int) -> None:
+        """Every worker allocates its KV pool (num_blocks of kv_dtype, as rank 0's) and its model runner."""
+        self.send(("build", num_blocks, block_size, kv_dtype,
+                   dict(max_num_seqs=max_num_seqs, max_model_len=max_model_len,
+                        max_num_batched_tokens=max_num_batched_tokens)))
 
     def record_graphs(self, sizes: list[int]) -> None:
         self.send(("graphs", sizes))  # they record theirs while rank 0 records its own: the collectives meet

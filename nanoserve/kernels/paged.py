@@ -12,12 +12,25 @@ import torch
 from nanoserve.kernels.attention import causal_attention
 
 
+def to_cache_dtype(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """x as the cache stores it. A cache may hold a narrower float type than the model computes in (lesson
+    06's fp8 KV cache): a float8 cache saturates, storing values past its largest finite one as that one,
+    where a plain cast may give NaN (float8 e4m3 has no infinity)."""
+    if dtype.itemsize == 1:
+        top = torch.finfo(dtype).max
+        x = x.clamp(-top, top)
+    return x.to(dtype)
+
+
 def store_kv(k_cache, v_cache, slot_mapping, k, v) -> None:
     """Write token i's k[i], v[i] into slot slot_mapping[i]; a negative slot means skip (padding)."""
     keep = slot_mapping >= 0
     if not keep.all():  # only padding rows have no slot: the masks (a few ops each) only when there are any
         slot_mapping, k, v = slot_mapping[keep], k[keep], v[keep]
     slots = slot_mapping.long()
+    k, v = to_cache_dtype(k, k_cache.dtype), to_cache_dtype(v, v_cache.dtype)
+    if k_cache.dtype.itemsize == 1:  # torch has no index_copy_ for float8: the same bytes, seen as uint8
+        k_cache, v_cache, k, v = (t.view(torch.uint8) for t in (k_cache, v_cache, k, v))
     k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, slots, k)  # the pool seen as one array of slots
     v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, slots, v)
 
@@ -69,5 +82,6 @@ def paged_prefill_attention(q, k_cache, v_cache, cu_seqlens_q, context_lens, blo
     for b, length in enumerate(context_lens.tolist()):
         start, end = int(cu_seqlens_q[b]), int(cu_seqlens_q[b + 1])
         k, v = gather_kv(k_cache, block_tables[b], length), gather_kv(v_cache, block_tables[b], length)
+        k, v = k.to(q_scaled.dtype), v.to(q_scaled.dtype)  # a cache in another dtype is read as q's
         out.append(causal_attention(q_scaled[start:end], k, v))  # lesson 01: keys may outnumber queries
     return torch.cat(out).to(q.dtype)

@@ -45,17 +45,23 @@ def _tile_mask(rows_ok, d, D: tl.constexpr, D_PAD: tl.constexpr):
 
 @triton.jit
 def _store_kv_kernel(k_cache, v_cache, slot_mapping, k, v, stride_k, stride_v,
-                     ROW: tl.constexpr, ROW_POW2: tl.constexpr):
+                     ROW: tl.constexpr, ROW_POW2: tl.constexpr, SATURATE: tl.constexpr):
     # One program per new token: copy its whole [kv_heads * D] row of K and of V into its slot.
     # The row is copied as one flat vector, padded to a power of two and masked, so any D works.
+    # SATURATE > 0: the cache holds float8, and values are clamped to +-SATURATE (its largest) first,
+    # as the torch twin's to_cache_dtype does; the store then rounds to the cache's dtype.
     i = tl.program_id(0)
     slot = tl.load(slot_mapping + i).to(tl.int64)  # int64: slot * ROW can pass 2**31 in a big cache
     if slot < 0:  # slot -1 = a token whose K/V are kept nowhere (e.g. padding): write nothing
         return
     cols = tl.arange(0, ROW_POW2)
     mask = cols < ROW
-    tl.store(k_cache + slot * ROW + cols, tl.load(k + i * stride_k + cols, mask=mask), mask=mask)
-    tl.store(v_cache + slot * ROW + cols, tl.load(v + i * stride_v + cols, mask=mask), mask=mask)
+    k_row, v_row = tl.load(k + i * stride_k + cols, mask=mask), tl.load(v + i * stride_v + cols, mask=mask)
+    if SATURATE > 0:
+        k_row = tl.minimum(tl.maximum(k_row.to(tl.float32), -SATURATE), SATURATE)
+        v_row = tl.minimum(tl.maximum(v_row.to(tl.float32), -SATURATE), SATURATE)
+    tl.store(k_cache + slot * ROW + cols, k_row.to(k_cache.dtype.element_ty), mask=mask)
+    tl.store(v_cache + slot * ROW + cols, v_row.to(v_cache.dtype.element_ty), mask=mask)
 
 
 def _check_caches(k_cache, v_cache):
@@ -86,8 +92,9 @@ def store_kv(k_cache, v_cache, slot_mapping, k, v):
     if T == 0:
         return
     row = kv_heads * D
+    saturate = torch.finfo(k_cache.dtype).max if k_cache.dtype.itemsize == 1 else 0.0
     _store_kv_kernel[(T,)](k_cache, v_cache, slot_mapping, k, v, k.stride(0), v.stride(0),
-                           ROW=row, ROW_POW2=triton.next_power_of_2(row))
+                           ROW=row, ROW_POW2=triton.next_power_of_2(row), SATURATE=saturate)
 
 
 @triton.jit
@@ -153,8 +160,9 @@ def _decode_kernel(q, k_cache, v_cache, block_tables, context_lens, out, part_ac
         slots = block_ids.to(tl.int64) * BLOCK_SIZE + tokens % BLOCK_SIZE
         rows = slots * (KV_HEADS * D) + kv_head * D  # start of this token's head-D row
         kv_mask = _tile_mask(valid, d, D, D_PAD)
-        k = tl.load(k_cache + rows[:, None] + d[None, :], mask=kv_mask, other=0.0)  # [BLOCK_N, D_PAD]
-        v = tl.load(v_cache + rows[:, None] + d[None, :], mask=kv_mask, other=0.0)
+        # [BLOCK_N, D_PAD], in q's dtype: a cache of another dtype (fp8, lesson 06) is widened as it is read
+        k = tl.load(k_cache + rows[:, None] + d[None, :], mask=kv_mask, other=0.0).to(q_tile.dtype)
+        v = tl.load(v_cache + rows[:, None] + d[None, :], mask=kv_mask, other=0.0).to(q_tile.dtype)
 
         # tensor cores; the group is padded to 16 rows, the fewest a tl.dot takes (measured on the
         # H200: 3-4x faster than a multiply-and-sum on the CUDA cores, padding and all)
@@ -345,8 +353,8 @@ def _prefill_kernel(q, k_cache, v_cache, cu_seqlens_q, context_lens, block_table
         slots = block_ids.to(tl.int64) * BLOCK_SIZE + keys % BLOCK_SIZE
         kv_rows = slots * (KV_HEADS * D) + kv_head * D
         kv_mask = _tile_mask(key_ok, d, D, D_PAD)
-        k = tl.load(k_cache + kv_rows[:, None] + d[None, :], mask=kv_mask, other=0.0)
-        v = tl.load(v_cache + kv_rows[:, None] + d[None, :], mask=kv_mask, other=0.0)
+        k = tl.load(k_cache + kv_rows[:, None] + d[None, :], mask=kv_mask, other=0.0).to(q_tile.dtype)
+        v = tl.load(v_cache + kv_rows[:, None] + d[None, :], mask=kv_mask, other=0.0).to(q_tile.dtype)
 
         s = tl.dot(q_tile, tl.trans(k), input_precision=PRECISION) * qk_scale  # [BLOCK_M, BLOCK_N]
         # causal mask; it also hides keys >= kv_end for every real row (their q_pos < kv_end)
