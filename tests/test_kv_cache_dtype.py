@@ -61,7 +61,8 @@ def test_fp8_engine_is_the_float32_engine_with_rounded_kv(monkeypatch):
     prompts = [[5, 6, 7, 8, 9, 10, 11, 12] * 9, [5, 6, 7, 8, 9, 10, 11, 12] * 9 + [40, 41], "Once upon a time"]
     params = [SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, logprobs=2),
               SamplingParams(temperature=0.8, seed=4, n=2, max_tokens=12, ignore_eos=True)]
-    settings = dict(max_model_len=256, cpu_kv_cache_gib=1 / 256, max_num_batched_tokens=32, block_size=8)
+    # on the CPU (the torch store it patches), also where a GPU is: a GPU engine stores K/V through Triton
+    settings = dict(device="cpu", max_model_len=256, cpu_kv_cache_gib=1 / 256, max_num_batched_tokens=32, block_size=8)
 
     def run(kv_cache_dtype):
         with LLM("tiny-qwen3", kv_cache_dtype=kv_cache_dtype, **settings) as llm:
