@@ -364,6 +364,30 @@ def test_decode_and_prefill_read_an_fp8_cache(group, head_dim, dtype, block_size
                  reference.paged_prefill_attention(q, k8.to(dtype), v8.to(dtype), cu, lens, tables))
 
 
+@pytest.mark.parametrize("fp16_mma", [True, False])
+def test_fp8_cache_products_in_float16(fp16_mma):
+    """The products over an fp8 cache in float16 (what a bf16 q gets on a GPU) or in q's dtype: both the
+    attention over the cache's values, for decode (one split and several) and prefill. Also a q past
+    float16's range is clamped into it, so no inf comes out."""
+    rng, gen = random.Random(5), torch.Generator().manual_seed(5)
+    lengths = random_lengths(rng, 3, 16)
+    k_cache, v_cache, tables, lens = make_cache(lengths, KV_HEADS, 64, 16, torch.float32, gen)
+    k8, v8 = as_fp8(k_cache, v_cache)
+    q = torch.randn(len(lengths), KV_HEADS * 2, 64, generator=gen).to(DEVICE) / 40
+    expect = reference.paged_decode_attention(q, k8.float(), v8.float(), tables, lens)
+    for splits in (1, 3):
+        got = ta.paged_decode_attention(q, k8, v8, tables, lens, num_splits=splits, fp16_mma=fp16_mma)
+        torch.testing.assert_close(got, expect, atol=ATOL[torch.float16], rtol=ATOL[torch.float16])
+    big = q.clone()
+    big[0, 0, 0] = 1e6
+    assert ta.paged_decode_attention(big, k8, v8, tables, lens, fp16_mma=fp16_mma).isfinite().all()
+    q, k_cache, v_cache, cu, lens, tables = make_prefill(rng, gen, 2, 2, 64, 16, torch.float32, 100, MAX_LEN)
+    k8, v8 = as_fp8(k_cache, v_cache)
+    torch.testing.assert_close(ta.paged_prefill_attention(q / 40, k8, v8, cu, lens, tables, fp16_mma=fp16_mma),
+                               reference.paged_prefill_attention(q / 40, k8.float(), v8.float(), cu, lens, tables),
+                               atol=ATOL[torch.float16], rtol=ATOL[torch.float16])
+
+
 @pytest.mark.skipif(not ON_GPU, reason="Triton's interpreter rounds to float8 wrongly on a CPU (0.031 becomes "
                                        "0.0156): the fp8 store is checked on the GPU")
 @pytest.mark.parametrize("dtype", DTYPES)
