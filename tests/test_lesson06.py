@@ -81,3 +81,24 @@ def test_llm_switches_on_a_cpu_give_the_eager_engines_tokens(reference_tokens, s
         assert runner.graphs is None  # no CUDA graphs on a CPU
         assert isinstance(runner.sampler, FusedSampler) != llm.enforce_eager  # lesson 05's sampler when eager
         assert _tokens(llm) == reference_tokens
+
+
+def _rounding(shift: int = 4, least: int = -9, saturate: bool = True, to_even: bool = True):
+    """round_to_e4m3 with one thing changed: the mantissa (shift - 1 bits), the subnormals' spacing (2**least),
+    the clamp at 448, or halves rounded away from zero."""
+    def round_to(x):
+        x = x.float().clamp(-448, 448) if saturate else x.float()
+        step = torch.exp2((torch.frexp(x)[1] - shift).clamp(min=least).float())
+        scaled = x / step
+        return (torch.round(scaled) if to_even else torch.sign(scaled) * torch.floor(scaled.abs() + 0.5)) * step
+    return round_to
+
+
+@pytest.mark.parametrize("wrong", [_rounding(to_even=False), _rounding(saturate=False), _rounding(least=-99),
+                                   _rounding(shift=5), _rounding(shift=3), lambda x: x.to(torch.bfloat16).float()],
+                         ids=["halves away from zero", "no saturation", "no subnormals", "4 mantissa bits",
+                              "2 mantissa bits", "bf16"])
+def test_check_6_5_fails_the_wrong_roundings_its_hint_names(wrong):
+    checks.check_round_to_e4m3(_rounding())  # the right one passes
+    with pytest.raises(AssertionError, match="round_to_e4m3"):
+        checks.check_round_to_e4m3(wrong)

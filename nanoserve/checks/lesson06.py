@@ -192,9 +192,45 @@ def workload_roofline(bandwidth: float = 4.3e12) -> dict:
 
 # Every exercise of the lesson: its name -> the check, run on the implementation found in a namespace `ns`
 # (the engine's modules in tests/, the learner's notebook cells in `make check`, tools/check_lessons.py).
+def e4m3_cases() -> dict[str, torch.Tensor]:
+    """Values the hint names, by kind, plus random ones of every size: float32, both signs."""
+    gen = torch.Generator().manual_seed(65)
+    normal = torch.arange(-6, 9, dtype=torch.float32)  # e4m3's normal exponents: 2**-6 .. 2**8
+    # halfway between two neighbours, 1.mmm and 1.mmm + 1/8, in every binade: ties go to the even mantissa
+    ties = ((1 + (torch.arange(7) + 0.5) / 8)[None, :] * torch.exp2(normal[:-1])[:, None]).flatten()
+    cases = {
+        "zero and the exact values 1, 1.125, 448": torch.tensor([0.0, 1.0, 1.125, 448.0, 2.0**-6, 0.875 * 2**-6]),
+        "ties (exactly halfway between two e4m3 values)": ties,
+        "subnormals (below 2**-6, where the spacing stays 2**-9)": torch.tensor(
+            [2.0**-7, 3 * 2.0**-10, 5 * 2.0**-11, 2.0**-10, 0.6 * 2**-10, 2.0**-12, 7.4 * 2**-10]),
+        "past the largest value (448): saturated, not NaN": torch.tensor([449.0, 463.9, 464.0, 480.0, 1e4, 3e38]),
+        "random values from 2**-12 to 2**10": torch.randn(20_000, generator=gen) * torch.exp2(
+            torch.rand(20_000, generator=gen) * 22 - 12),
+    }
+    return {name: torch.cat([x, -x]) for name, x in cases.items()}
+
+
+def check_round_to_e4m3(round_to_e4m3) -> None:
+    from nanoserve.kernels.paged import to_cache_dtype
+
+    for name, x in e4m3_cases().items():
+        got = round_to_e4m3(x.clone())
+        if not isinstance(got, torch.Tensor) or got.shape != x.shape:
+            raise AssertionError(f"round_to_e4m3 returns a tensor of x's shape {tuple(x.shape)}, got "
+                                 f"{type(got).__name__} {tuple(getattr(got, 'shape', ()))}")
+        want = to_cache_dtype(x, torch.float8_e4m3fn).float()  # torch's cast of the clamped values
+        wrong = (got.float() != want) & ~(got.float().isnan() & want.isnan())
+        if wrong.any():
+            i = int(wrong.nonzero()[0])
+            raise AssertionError(f"{name}: round_to_e4m3({x[i].item()!r}) gave {got[i].item()!r}, e4m3 holds "
+                                 f"{want[i].item()!r} ({int(wrong.sum())} of {len(x)} values differ)")
+    print("✓ round_to_e4m3: torch's float8 e4m3 cast bit for bit, ties to even, subnormals, saturation at 448")
+
+
 EXERCISES = {
     "6.1 add_rms_norm": lambda ns: check_add_rms_norm(ns["add_rms_norm"]),
     "6.2 checkpoint_tensors": lambda ns: check_checkpoint_tensors(ns["FusedQwen3ForCausalLM"]),
     "6.3 graph_sizes": lambda ns: check_graph_sizes(ns["graph_sizes"], ns["padded_size"]),
     "6.4 record": lambda ns: check_graphs(ns["CUDAGraphs"]),
+    "6.5 round_to_e4m3": lambda ns: check_round_to_e4m3(ns["round_to_e4m3"]),
 }
