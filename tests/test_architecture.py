@@ -65,6 +65,7 @@ def test_a_long_lived_engine_holds_bounded_state():
     """3 rounds x 1,000 small requests: counters grow, stored per-step state does not."""
     from nanoserve.cache.prefix import PrefixCachingKVCache
     from nanoserve.checks.lesson01 import TINY_CONFIGS, hf_tiny_model, ours_from_hf
+    from nanoserve.course.step_records import record_steps
     from nanoserve.engine.llm_engine import LLMEngine
     from nanoserve.engine.sampling_params import SamplingParams
     from nanoserve.model.qwen3 import Qwen3ForCausalLM
@@ -78,16 +79,19 @@ def test_a_long_lived_engine_holds_bounded_state():
                 engine.add_request([r, i % 300, 7], SamplingParams(temperature=0, max_tokens=2, ignore_eos=True))
             while engine.has_unfinished():
                 engine.step()
-            sizes.append((len(engine.steps), len(engine.cache.tokens_per_forward), len(engine.scheduler.running),
+            sizes.append((len(engine.scheduler.running), len(engine.scheduler.waiting),
                           len(engine.cache.block_manager.block_tables)))
         return sizes
 
     cache = PrefixCachingKVCache(model.config, num_blocks=512, block_size=4)
-    cache.tokens_per_forward = type(cache.tokens_per_forward)(maxlen=10)  # a small window, to see it stay bounded
     engine = LLMEngine(model, cache, max_num_seqs=256, max_model_len=64)
     sizes = serve(engine, 3, 1000)
     assert engine.stats.generated_tokens == 3 * 1000 * 2 and engine.stats.steps > 20
-    assert sizes[1:] == [(0, 10, 0, 0)] * 2, sizes  # no step records unless asked for; nothing left behind
-    recording = LLMEngine(model, PrefixCachingKVCache(model.config, num_blocks=512, block_size=4), record_steps=5)
+    assert sizes == [(0, 0, 0)] * 3, sizes  # nothing left behind
+    # no record of past steps: what the engine holds is at most one step's (step_seqs: the last step's batch)
+    held = {k: len(v) for k, v in vars(engine).items() if hasattr(v, "__len__") and not isinstance(v, str)}
+    assert max(held.values()) <= 256, held
+    recording = LLMEngine(model, PrefixCachingKVCache(model.config, num_blocks=512, block_size=4))
+    records = record_steps(recording, maxlen=5)  # the course's record (lesson 05's pictures) stays bounded too
     serve(recording, 1, 20)
-    assert recording.stats.steps >= 2 and len(recording.steps) == min(5, recording.stats.steps)
+    assert recording.stats.steps >= 2 and len(records) == min(5, recording.stats.steps)

@@ -9,6 +9,7 @@ import torch
 from nanoserve import LLM, SamplingParams
 from nanoserve.checks.lesson01 import TINY_CONFIGS, hf_tiny_model
 from nanoserve.checks.lesson04 import pool_problems
+from nanoserve.course.step_records import record_steps
 from nanoserve.engine.sequence import completion_seed
 from nanoserve.model.zoo import resolve_model
 
@@ -153,15 +154,17 @@ def test_interleaved_streams_and_generate_each_get_their_own_tokens(model_dir):
 
 def test_n_completions_share_the_prompt_blocks_and_equal_seeded_requests(model_dir):
     sampling = SamplingParams(temperature=1.5, max_tokens=8, seed=7, n=3, ignore_eos=True)
-    llm = make_llm(model_dir, caching=False, record_steps=1000)
+    llm = make_llm(model_dir, caching=False)
+    shared_steps = record_steps(llm.engine)
     out = llm.generate([PROMPT[:40]], sampling, use_tqdm=False)[0]
     assert [c.index for c in out.outputs] == [0, 1, 2]
-    shared_peak = max(r.blocks_used for r in llm.engine.steps)
     alone = [SamplingParams(temperature=1.5, max_tokens=8, seed=completion_seed(7, i), ignore_eos=True) for i in range(3)]
-    separate = make_llm(model_dir, caching=False, record_steps=1000)
+    separate = make_llm(model_dir, caching=False)
+    separate_steps = record_steps(separate.engine)
     want = tokens(separate.generate([PROMPT[:40]] * 3, alone, use_tqdm=False))
     assert [c.token_ids for c in out.outputs] == want and len({tuple(t) for t in want}) == 3
-    assert shared_peak < max(r.blocks_used for r in separate.engine.steps)  # 40 tokens: 2 full blocks shared
+    # 40 tokens: 2 full blocks shared
+    assert max(r.blocks_used for r in shared_steps) < max(r.blocks_used for r in separate_steps)
     assert_pool_clean(llm)
     items = list(llm.stream([PROMPT[:20]], SamplingParams(max_tokens=4, n=2, seed=1)))
     assert sorted(i.completion for i in items) == [0] * 4 + [1] * 4

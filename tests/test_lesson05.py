@@ -4,6 +4,7 @@ import random
 import pytest
 
 from nanoserve.checks import lesson05 as checks
+from nanoserve.course.step_records import record_steps
 from nanoserve.engine.llm import LLM
 from nanoserve.engine.llm_engine import LLMEngine
 from nanoserve.engine.sampling_params import SamplingParams
@@ -68,7 +69,8 @@ def test_stress_random_arrivals_tiny_pool(tiny_engine_parts, prefix_caching):
 
     model, rng = tiny_engine_parts, random.Random(5)
     cache = (PrefixCachingKVCache if prefix_caching else PagedKVCache)(model.config, num_blocks=20, block_size=4)
-    engine = LLMEngine(model, cache, max_num_seqs=6, max_num_batched_tokens=12, record_steps=10_000)
+    engine = LLMEngine(model, cache, max_num_seqs=6, max_num_batched_tokens=12)
+    steps = record_steps(engine)
     stems = [[rng.randrange(1000) for _ in range(20)] for _ in range(3)]
     seqs, step = [], 0
     while step < 60 or engine.has_unfinished():
@@ -81,9 +83,9 @@ def test_stress_random_arrivals_tiny_pool(tiny_engine_parts, prefix_caching):
         step += 1
         assert step < 2000, "the engine stopped making progress"
     assert all(s.finish_reason == "length" and len(s.output_ids) == s.params.max_tokens for s in seqs)
-    assert all(r.num_tokens <= 12 and len(r.prefill) + len(r.decode) <= 6 for r in engine.steps)
+    assert all(r.num_tokens <= 12 and len(r.prefill) + len(r.decode) <= 6 for r in steps)
     assert not cache.block_manager.block_tables and cache.block_manager.num_free == 20  # no leak
-    assert sum(len(r.preempted) for r in engine.steps) > 0  # the tiny pool really forced preemptions
+    assert sum(len(r.preempted) for r in steps) > 0  # the tiny pool really forced preemptions
 
 
 @pytest.fixture(scope="module")
@@ -136,7 +138,7 @@ def test_without_chunked_prefill_prompts_go_whole_and_preempted_ones_still_resum
 
     model = tiny_engine_parts
     cache = PagedKVCache(model.config, num_blocks=12, block_size=4)
-    engine = LLMEngine(model, cache, max_num_seqs=4, max_num_batched_tokens=16, enable_chunked_prefill=False, record_steps=10_000)
+    engine = LLMEngine(model, cache, max_num_seqs=4, max_num_batched_tokens=16, enable_chunked_prefill=False)
     with pytest.raises(ValueError, match="chunked prefill is off"):
         engine.add_request(list(range(20)), SamplingParams(max_tokens=2))
     seqs = [engine.add_request(list(range(1, 13)), SamplingParams(temperature=0, max_tokens=30, ignore_eos=True))
@@ -146,7 +148,7 @@ def test_without_chunked_prefill_prompts_go_whole_and_preempted_ones_still_resum
         for seq, token in batch_tokens:  # a first prefill is never split
             assert seq.num_preemptions or token is not None or seq.output_ids
     assert all(len(s.output_ids) == 30 for s in seqs)
-    assert sum(len(r.preempted) for r in engine.steps) > 0
+    assert engine.stats.preemptions > 0
 
 
 def test_out_of_range_token_ids_fail_alone_and_leave_the_llm_usable(llm):

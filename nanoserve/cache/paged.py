@@ -2,7 +2,6 @@
 # Edit the notebook, then run `make export` (python tools/export.py).
 
 """The paged KV cache as an attention backend: K/V in a pool of blocks, read through block tables."""
-from collections import deque
 from typing import Protocol
 
 import torch
@@ -45,7 +44,6 @@ class PagedKVCache:
         if kernels is None and torch.device(device).type == "cuda":
             from nanoserve.kernels import triton_paged as kernels  # imported only when used: GPU machines
         self.kernels = kernels or torch_kernels
-        self.tokens_per_forward = deque(maxlen=10_000)  # tokens each recent forward carried: the cache at work
 
     @property
     def nbytes(self) -> int:
@@ -89,8 +87,6 @@ class PagedKVCache:
 
     def attend(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: StepMetadata) -> torch.Tensor:
         k_cache, v_cache = self.k_cache[layer_idx], self.v_cache[layer_idx]
-        if layer_idx == 0:
-            self.tokens_per_forward.append(q.shape[0])
         self.kernels.store_kv(k_cache, v_cache, meta.slot_mapping, k, v)
         if meta.is_decode:
             return self.kernels.paged_decode_attention(q, k_cache, v_cache, meta.block_tables, meta.context_lens,

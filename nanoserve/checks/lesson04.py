@@ -137,6 +137,7 @@ def check_prefix_manager(manager_cls) -> None:
 
 
 def check_prefix_generate(cache_cls) -> None:
+    from nanoserve.course.counting import count_tokens
     from nanoserve.course.generate import generate
     from nanoserve.model.qwen3 import Qwen3ForCausalLM
     from nanoserve.cache.paged import PagedKVCache
@@ -150,10 +151,11 @@ def check_prefix_generate(cache_cls) -> None:
     def run(cache_factory, rounds):
         """Generate each round's prompts through one cache; returns outputs and prompt tokens computed."""
         cache, outputs, computed = cache_factory(), [], 0
+        forwards = count_tokens(cache)
         for prompts in rounds(outputs):
-            before = len(cache.tokens_per_forward)
+            before = len(forwards)
             done, _ = generate(model, prompts, params, cache=cache)
-            computed += list(cache.tokens_per_forward)[before]
+            computed += forwards[before]
             outputs.append([c.token_ids for c in done])
         return outputs, computed
 

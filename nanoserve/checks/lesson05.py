@@ -242,10 +242,11 @@ def _step_run(engine_cls, model, overlap: bool, fault=None, max_steps: int = 100
     n-th call of runner.collect, runner.launch or scheduler.schedule raises. An exception the check did not
     inject ends the run (a stub's NotImplementedError passes through)."""
     from nanoserve.cache.prefix import PrefixCachingKVCache
+    from nanoserve.course.step_records import record_steps
 
     cache = PrefixCachingKVCache(model.config, num_blocks=7, block_size=4)  # tiny: it preempts
-    engine = engine_cls(model, cache, max_num_seqs=4, max_num_batched_tokens=10, async_scheduling=overlap,
-                        record_steps=1000)
+    engine = engine_cls(model, cache, max_num_seqs=4, max_num_batched_tokens=10, async_scheduling=overlap)
+    processed = record_steps(engine)
     firsts = [engine.add_request(prompt, params) for prompt, params in _step_requests()]
     seqs = [s for first in firsts for s in (first, *first.forks)]
     runner, scheduler, counts, launched, calls = engine.runner, engine.scheduler, {}, [], []
@@ -300,7 +301,7 @@ def _step_run(engine_cls, model, overlap: bool, fault=None, max_steps: int = 100
         record.append(entry)
     return {"steps": record, "unfinished": engine.has_unfinished(), "stats": vars(engine.stats).copy(),
             "tokens": [s.output_ids for s in seqs], "error": error,
-            "preemptions in processed steps": sum(len(r.preempted) for r in engine.steps)}
+            "preemptions in processed steps": sum(len(r.preempted) for r in processed)}
 
 
 def _say_calls(calls) -> str:

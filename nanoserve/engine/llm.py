@@ -277,12 +277,11 @@ class EngineArgs:
     fused_ops: bool = True  # lesson 06's fused model (False: lesson 01's)
     generation_config: str = "auto"  # sampling defaults: "auto" (the checkpoint's), "vllm" (none) or a folder
     tokenizer: str | None = None  # a tokenizer directory or zoo name of its own (None: the model's)
-    record_steps: int = 0  # keep the last N steps' records (engine.steps), for pictures
     parts: EngineParts = field(default_factory=EngineParts)
 
     def __post_init__(self):
         least = {"max_model_len": 1, "max_num_seqs": 1, "max_num_batched_tokens": 1, "block_size": 1,
-                 "tensor_parallel_size": 1, "max_logprobs": 0, "record_steps": 0}
+                 "tensor_parallel_size": 1, "max_logprobs": 0}
         if self.num_gpu_blocks_override is not None:
             least["num_gpu_blocks_override"] = 1
         for name, lowest in least.items():
@@ -385,7 +384,7 @@ class LLM:
             self._engine = args.parts.get("engine", LLMEngine)(
                 self.model, cache, self.tokenizer, self.eos_token_ids, max_num_seqs=args.max_num_seqs,
                 max_num_batched_tokens=args.max_num_batched_tokens, enable_chunked_prefill=args.enable_chunked_prefill,
-                max_model_len=self.max_model_len, seed=args.seed, record_steps=args.record_steps,
+                max_model_len=self.max_model_len, seed=args.seed,
                 runner=self._runner(cache), max_logprobs=args.max_logprobs, async_scheduling=self.async_scheduling)
         return self._engine
 

@@ -4,7 +4,6 @@
 """The engine loop: LLMEngine.step() runs one scheduling step."""
 import random
 import time
-from collections import deque
 from dataclasses import dataclass
 
 from nanoserve.cache.paged import PagedKVCache
@@ -25,21 +24,10 @@ class EngineStats:
     steps_ahead: int = 0  # steps launched before the one before them was processed (async scheduling)
 
 
-@dataclass
-class StepRecord:
-    """What one step did, for pictures and tests; kept only when asked for (LLMEngine(record_steps=N))."""
-    prefill: list[int]  # seq_ids computing prompt tokens (a whole prompt or a chunk)
-    decode: list[int]
-    preempted: list[int]
-    waiting: list[int]
-    num_tokens: int
-    blocks_used: int
-
-
 class LLMEngine:
     def __init__(self, model, cache: PagedKVCache, tokenizer=None, eos_token_ids=(), max_num_seqs: int = 256,
                  max_num_batched_tokens: int = 8192, enable_chunked_prefill: bool = True, max_model_len: int = 4096,
-                 seed: int = 0, record_steps: int = 0, runner: ModelRunner | None = None, max_logprobs: int = 20,
+                 seed: int = 0, runner: ModelRunner | None = None, max_logprobs: int = 20,
                  async_scheduling: bool = False):
         self.model, self.cache, self.tokenizer, self.eos = model, cache, tokenizer, set(eos_token_ids)
         self.scheduler = Scheduler(cache, max_num_seqs, max_num_batched_tokens, enable_chunked_prefill)
@@ -53,7 +41,6 @@ class LLMEngine:
         self.seeder = random.Random(seed)  # seeds for requests that bring none: reproducible runs
         self.next_id = 0
         self.stats = EngineStats()
-        self.steps: deque[StepRecord] = deque(maxlen=record_steps)  # the last record_steps steps (0: none)
         self.step_seqs: list[Sequence] = []  # the sequences of the step in progress (after a failed step: its)
 
     def add_request(self, prompt_ids: list[int], params: SamplingParams) -> Sequence:
@@ -201,9 +188,3 @@ class LLMEngine:
         stats.preemptions += len(batch.preempted)
         stats.computed_tokens += sum(batch.num_new)
         stats.generated_tokens += sum(t is not None for t in tokens)
-        if self.steps.maxlen:
-            pool = self.cache.block_manager
-            self.steps.append(StepRecord([s.seq_id for s, d in zip(batch.seqs, batch.decoding) if not d],
-                                         [s.seq_id for s, d in zip(batch.seqs, batch.decoding) if d],
-                                         [s.seq_id for s in batch.preempted], [s.seq_id for s in self.scheduler.waiting],
-                                         sum(batch.num_new), pool.num_blocks - pool.num_free))
