@@ -104,6 +104,14 @@ def test_tp2_greedy_tokens_are_tp1s(models, tp1, name):
     assert (tp_stats.preemptions, tp_hits) == (stats.preemptions, hits)
 
 
+def test_tp2_with_an_fp8_cache_gives_tp1s_fp8_tokens(models):
+    """kv_cache_dtype reaches the workers: every rank keeps its heads' K/V in e4m3, so TP=2 gives TP=1's
+    fp8 tokens (preemption, prefix hits and chunks included), not the float32 cache's."""
+    want, stats, hits = generate(models["qwen3"], kv_cache_dtype="fp8")
+    got, tp_stats, tp_hits = generate(models["qwen3"], kv_cache_dtype="fp8", tensor_parallel_size=2)
+    assert got == want and (tp_stats.preemptions, tp_hits) == (stats.preemptions, hits)
+
+
 def test_two_tp_engines_one_after_another_with_async_scheduling(models, tp1):
     """Lesson 06's launch-ahead steps: the workers get the fed tokens by broadcast. A second engine
     starts in the same process once the first is shut down."""
