@@ -149,3 +149,22 @@ def test_through_llm_top_k_1_is_greedy_and_batch_mates_do_not_matter(llm):
         plain = SamplingParams(temperature=1.0, seed=seed, max_tokens=16, ignore_eos=True)
         nucleus = SamplingParams(temperature=1.0, top_p=0.9, seed=100 + seed, max_tokens=16, ignore_eos=True)
         assert run(prompts[:1], plain) == run([prompts[0], "Another prompt"], [plain, nucleus])[:1], seed
+
+
+@settings(max_examples=40, deadline=None)
+@given(vocab=st.integers(1, 300), batch=st.integers(1, 6), data=st.data())
+def test_the_cpus_row_by_row_filter_is_the_sort_bit_for_bit(vocab, batch, data):
+    """On a CPU keep_top_k_top_p sorts only the rows that ask for top-p and finds a top-k alone by its
+    threshold (ties kept lowest id first): every row must come out as sorting the whole batch gives it."""
+    from nanoserve.engine.sampler import keep_top_k_top_p, sort_and_cut
+
+    logits = logits_with_ties(data, vocab, batch)
+    if data.draw(st.booleans()):
+        logits[:, ::3] = float("-inf")  # banned tokens (logit_bias, bad_words): ties at -inf
+    top_k = torch.tensor(data.draw(st.lists(st.integers(0, vocab + 2), min_size=batch, max_size=batch)))
+    top_p = torch.tensor(data.draw(st.lists(st.sampled_from([1.0, 0.05, 0.5, 0.9]), min_size=batch,
+                                            max_size=batch)))
+    temperature = torch.tensor(data.draw(st.lists(st.sampled_from([0.0, 0.3, 1.0]), min_size=batch,
+                                                  max_size=batch)))
+    assert torch.equal(keep_top_k_top_p(logits, temperature, top_k, top_p),
+                       sort_and_cut(logits, temperature, top_k, top_p))

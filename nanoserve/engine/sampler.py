@@ -36,6 +36,32 @@ def keep_top_k_top_p(logits: torch.Tensor, temperature: torch.Tensor, top_k: tor
 
     A row that asks for neither comes out exactly as it went in, whatever the other rows ask: a request's
     tokens never depend on its batch-mates' parameters."""
+    if logits.device.type != "cpu":  # a GPU sorts the whole batch in one fast kernel
+        return sort_and_cut(logits, temperature, top_k, top_p)
+    # A CPU takes ~8 ms to sort one row of 151,936 logits: sort only the rows that ask for top-p, and find
+    # a top-k alone by its threshold. Each row comes out as the sort would give it, bit for bit.
+    out = logits.clone()
+    k_only, nucleus = ((top_k > 0) & (top_p >= 1)).nonzero()[:, 0], (top_p < 1).nonzero()[:, 0]
+    if len(k_only):
+        out[k_only] = keep_top_k(logits[k_only], top_k[k_only])
+    if len(nucleus):
+        out[nucleus] = sort_and_cut(logits[nucleus], temperature[nucleus], top_k[nucleus], top_p[nucleus])
+    return out
+
+
+def keep_top_k(logits: torch.Tensor, top_k: torch.Tensor) -> torch.Tensor:
+    """-inf outside each row's top_k (>= 1) largest logits, ties kept lowest token id first (the stable sort's
+    choice), found without a sort: the k-th largest value, and how many of its ties still fit."""
+    k = top_k.clamp(max=logits.shape[-1])[:, None]
+    kth = logits.topk(int(k.max()), dim=-1).values.gather(-1, k - 1)
+    above, tied = logits > kth, logits == kth
+    keep = above | (tied & (tied.cumsum(dim=-1) <= k - above.sum(dim=-1, keepdim=True)))
+    return logits.masked_fill(~keep, float("-inf"))
+
+
+def sort_and_cut(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
+                 top_p: torch.Tensor) -> torch.Tensor:
+    """keep_top_k_top_p by sorting each row."""
     # Rank by the logits themselves, ties by token id (a stable sort): argmax's order, so top_k=1 is the argmax.
     order = logits.argsort(dim=-1, descending=True, stable=True)
     ranked = logits.gather(-1, order)
