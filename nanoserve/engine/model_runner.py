@@ -67,7 +67,8 @@ class ModelRunner:
         scored = None
         if rows:
             k = max(seq.params.prompt_logprobs for seq, _, _ in spans)
-            scored = spans, score_prompt(logits[len(sampled):len(sampled) + len(rows)], targets, k)
+            scored = spans, score_rows(logits[len(sampled):len(sampled) + len(rows)],
+                                       torch.tensor(targets, device=logits.device), k)
         logits = logits[:len(sampled)]
         if not sampled:
             return LaunchedStep(batch, None, None, None, None, scored)
@@ -151,18 +152,25 @@ def scored_prompt_rows(batch: ScheduledBatch) -> tuple[list[int], list[int], lis
     return rows, targets, spans
 
 
-def score_prompt(logits: torch.Tensor, targets: list[int], k: int, chunk: int = 1024) -> tuple:
-    """On the device, for each row: the log-prob and rank of its target token, and the top k log-probs,
-    from the model's raw distribution. A chunk of rows at a time: a long prompt's logits in float32 would
-    be gigabytes."""
-    target = torch.tensor(targets, device=logits.device)
+def score_rows(logits: torch.Tensor, targets: torch.Tensor, k: int, chunk: int = 1024) -> tuple:
+    """On the device, for each row: its k likeliest tokens' log-probs, and its target token's log-prob and
+    rank (1 + how many tokens were likelier), from the model's raw distribution (before temperature, top-k
+    and top-p, as vLLM returns them). A chunk of rows at a time: a long prompt's logits in float32 would be
+    gigabytes."""
     out = []
     for i in range(0, logits.shape[0], chunk):
         logprobs = logits[i:i + chunk].float().log_softmax(dim=-1)
         top = logprobs.topk(min(k, logprobs.shape[-1]), dim=-1)
-        chosen = logprobs.gather(1, target[i:i + chunk, None])
+        chosen = logprobs.gather(1, targets[i:i + chunk, None])
         out.append((top.values, top.indices, chosen[:, 0], (logprobs > chosen).sum(dim=-1) + 1))
     return tuple(torch.cat(parts) for parts in zip(*out))
+
+
+def logprob_entry(values: list[float], indices: list[int], k: int, token: int, chosen: float, rank: int) -> dict:
+    """{token: Logprob}: a row's k likeliest tokens, and its own token (sampled, or the prompt's)."""
+    entry = {t: Logprob(v, j + 1) for j, (t, v) in enumerate(zip(indices[:k], values[:k]))}
+    entry[token] = Logprob(chosen, rank)
+    return entry
 
 
 def read_prompt_logprobs(launched: LaunchedStep) -> list[tuple]:
@@ -174,12 +182,9 @@ def read_prompt_logprobs(launched: LaunchedStep) -> list[tuple]:
     values, indices, chosen, ranks = (t.tolist() for t in computed)
     out, row = [], 0
     for seq, first, count in spans:
-        k, entries = seq.params.prompt_logprobs, []
-        for r in range(row, row + count):
-            entry = {t: Logprob(v, j + 1) for j, (t, v) in enumerate(zip(indices[r][:k], values[r][:k]))}
-            entry[seq.token_ids[first + r - row]] = Logprob(chosen[r], ranks[r])
-            entries.append(entry)
-        out.append((seq, first, entries))
+        out.append((seq, first, [logprob_entry(values[r], indices[r], seq.params.prompt_logprobs,
+                                               seq.token_ids[first + r - row], chosen[r], ranks[r])
+                                 for r in range(row, row + count)]))
         row += count
     return out
 
@@ -207,18 +212,13 @@ class Logprob(float):
 
 
 def top_logprobs(logits: torch.Tensor, tokens: torch.Tensor, ks: list[int | None]) -> tuple | None:
-    """On the device, for rows whose k is not None: the k likeliest tokens' log-probs, and the sampled
-    token's log-prob and rank, from the model's raw distribution (before temperature, top-k and top-p,
-    as vLLM returns them). read_logprobs turns them into dicts once the step is done."""
+    """score_rows for the sampled tokens of the rows whose k is not None; read_logprobs turns them into
+    dicts once the step is done."""
     wanted = [i for i, k in enumerate(ks) if k is not None]
     if not wanted:
         return None
     rows = torch.tensor(wanted, device=logits.device)
-    logprobs = logits[rows].float().log_softmax(dim=-1)
-    top = logprobs.topk(max(ks[i] for i in wanted), dim=-1)
-    chosen = logprobs.gather(1, tokens[rows][:, None])
-    ranks = (logprobs > chosen).sum(dim=-1) + 1  # 1 + how many tokens were likelier
-    return top.values, top.indices, chosen[:, 0], ranks
+    return score_rows(logits[rows], tokens[rows], max(ks[i] for i in wanted))
 
 
 def read_logprobs(computed: tuple | None, tokens: list[int], ks: list[int | None]) -> list[dict[int, Logprob] | None]:
@@ -228,7 +228,5 @@ def read_logprobs(computed: tuple | None, tokens: list[int], ks: list[int | None
         return out
     values, indices, chosen, ranks = (t.tolist() for t in computed)
     for row, i in enumerate(i for i, k in enumerate(ks) if k is not None):
-        k = ks[i]
-        out[i] = {t: Logprob(v, r + 1) for r, (t, v) in enumerate(zip(indices[row][:k], values[row][:k]))}
-        out[i][tokens[i]] = Logprob(chosen[row], ranks[row])
+        out[i] = logprob_entry(values[row], indices[row], ks[i], tokens[i], chosen[row], ranks[row])
     return out
