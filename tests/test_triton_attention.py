@@ -265,8 +265,15 @@ def test_prefill_edge_cases():
     q = torch.randn(sum(news), 4, 64, generator=gen).to(DEVICE)
     cu = torch.tensor([0] + news).cumsum(0).to(DEVICE, torch.int32)
     ref = reference.paged_prefill_attention(q, k_cache, v_cache, cu, lens, tables)
-    assert_close(ta.paged_prefill_attention(q, k_cache, v_cache, cu, lens, tables), ref)
-    assert_close(ta.paged_prefill_attention(q, k_cache, v_cache, cu, lens, tables, block_m=16, block_n=32), ref)
+    # the default tiles (the kv head's 2 query heads in one program), smaller ones, and one head a program
+    for knobs in ({}, dict(block_m=16, block_n=32), dict(block_m=32, block_n=16, pack=False)):
+        assert_close(ta.paged_prefill_attention(q, k_cache, v_cache, cu, lens, tables, **knobs), ref)
+    # a group of 3 packed pads each token's rows to 4 (the padded row is computed, never stored)
+    q3 = torch.randn(sum(news), 6, 64, generator=gen).to(DEVICE)
+    ref3 = reference.paged_prefill_attention(q3, k_cache, v_cache, cu, lens, tables)
+    for pack in (True, False):
+        assert_close(ta.paged_prefill_attention(q3, k_cache, v_cache, cu, lens, tables, block_m=32, block_n=16,
+                                                pack=pack), ref3)
     # the first query of a fresh sequence sees only itself: its output is its own value
     assert torch.allclose(ref[0], v_cache[tables[0, 0], 0].repeat_interleave(2, dim=0))
 

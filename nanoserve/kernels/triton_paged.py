@@ -321,36 +321,70 @@ def paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scal
 
 # ---------------------------------------------------------------------------------- prefill
 #
-# FlashAttention over the paged cache. A program takes BLOCK_M new tokens of one sequence for one
-# query head, and walks over that sequence's keys BLOCK_N at a time with an online softmax, so the
-# [n, L] score matrix is never written out. Keys come through the block table, like in decode.
+# FlashAttention over the paged cache. A program takes a tile of new tokens of one sequence, for one
+# query head or for all the query heads of one kv head (then each K/V tile it gathers serves the whole
+# group), and walks over that sequence's keys BLOCK_N at a time with an online softmax, so the [n, L]
+# score matrix is never written out. Keys come through the block table, like in decode.
 # The new tokens are the last n of context_len, so token i (0-based among the new) sits at
-# position context_len - n + i and sees keys 0 .. that position (a cached prefix included).
+# position context_len - n + i and sees keys 0 .. that position (a cached prefix included): only the
+# key tiles that cross that diagonal need the causal mask, and the others skip it.
 # Tiles are D_PAD wide and masked to the real head dim, as in decode.
+
+@triton.jit
+def _prefill_tile(q_tile, m, l, acc, table, k_cache, v_cache, n0, kv_end, q_pos, d, qk_scale, kv_head,
+                  KV_HEADS: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+                  BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, CAUSAL: tl.constexpr):
+    """One BLOCK_N tile of keys from n0 into the running (m, l, acc). CAUSAL: mask the keys after each row's
+    position and from kv_end on; without it, every key of the tile is before the tile's first query."""
+    keys = n0 + tl.arange(0, BLOCK_N)
+    key_ok = keys < kv_end
+    if CAUSAL:
+        block_ids = tl.load(table + keys // BLOCK_SIZE, mask=key_ok, other=0)
+    else:
+        block_ids = tl.load(table + keys // BLOCK_SIZE)
+    kv_rows = (block_ids.to(tl.int64) * BLOCK_SIZE + keys % BLOCK_SIZE) * (KV_HEADS * D) + kv_head * D
+    if CAUSAL or D != D_PAD:
+        kv_mask = _tile_mask(key_ok, d, D, D_PAD)
+        k = tl.load(k_cache + kv_rows[:, None] + d[None, :], mask=kv_mask, other=0.0).to(q_tile.dtype)
+        v = tl.load(v_cache + kv_rows[:, None] + d[None, :], mask=kv_mask, other=0.0).to(q_tile.dtype)
+    else:
+        k = tl.load(k_cache + kv_rows[:, None] + d[None, :]).to(q_tile.dtype)
+        v = tl.load(v_cache + kv_rows[:, None] + d[None, :]).to(q_tile.dtype)
+    s = tl.dot(q_tile, tl.trans(k), input_precision=PRECISION) * qk_scale  # [BLOCK_M, BLOCK_N]
+    if CAUSAL:  # it also hides keys >= kv_end from every real row (their q_pos < kv_end)
+        s = tl.where(keys[None, :] <= q_pos[:, None], s, float("-inf"))
+    m_new, l, alpha, p = _online_softmax_step(m, l, s)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+    return m_new, l, acc
+
 
 @triton.jit
 def _prefill_kernel(q, k_cache, v_cache, cu_seqlens_q, context_lens, block_tables, out, qk_scale,
                     stride_qt, stride_qh, stride_ot, stride_oh, stride_bt, num_m_tiles,
-                    GROUP: tl.constexpr, KV_HEADS: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr,
-                    BLOCK_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                    PRECISION: tl.constexpr, FP16_MMA: tl.constexpr):
-    # Heads vary fastest in the grid, so the `group` programs that share a kv head run side by side
-    # and read the same K/V from L2. Tiles run last-first: the last tiles see the most keys, and
-    # starting the longest work first leaves less of a tail when the grid drains.
-    h, b = tl.program_id(0), tl.program_id(2)
+                    GROUP: tl.constexpr, HEADS: tl.constexpr, HEADS_PAD: tl.constexpr, KV_HEADS: tl.constexpr,
+                    D: tl.constexpr, D_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_M: tl.constexpr,
+                    BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, FP16_MMA: tl.constexpr):
+    # BLOCK_M rows: HEADS query heads (1, or the GROUP of one kv head) x TOKENS new tokens, token-major.
+    # Programs vary by head fastest, so those that share a kv head run side by side and read the same K/V
+    # from L2. Tiles run last-first: the last tiles see the most keys, and starting the longest work first
+    # leaves less of a tail when the grid drains.
+    TOKENS: tl.constexpr = BLOCK_M // HEADS_PAD
+    p0, b = tl.program_id(0), tl.program_id(2)
     tile = num_m_tiles - 1 - tl.program_id(1)
     q_start = tl.load(cu_seqlens_q + b)
     n_new = tl.load(cu_seqlens_q + b + 1) - q_start
-    if tile * BLOCK_M >= n_new:  # the grid is sized for the longest sequence
+    if tile * TOKENS >= n_new:  # the grid is sized for the longest sequence
         return
     context_len = tl.load(context_lens + b)
-    kv_head = h // GROUP
+    kv_head = p0 * HEADS // GROUP
 
-    rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)  # index among this sequence's new tokens
-    row_ok = rows < n_new
-    q_pos = context_len - n_new + rows              # position in the sequence
+    i = tl.arange(0, BLOCK_M)
+    tok = tile * TOKENS + i // HEADS_PAD  # index among this sequence's new tokens
+    head = p0 * HEADS + i % HEADS_PAD
+    row_ok = (tok < n_new) & (i % HEADS_PAD < HEADS)
+    q_pos = context_len - n_new + tok  # position in the sequence
     d = tl.arange(0, D_PAD)
-    q_tile = tl.load(q + (q_start + rows)[:, None] * stride_qt + h * stride_qh + d[None, :],
+    q_tile = tl.load(q + ((q_start + tok) * stride_qt + head * stride_qh)[:, None] + d[None, :],
                      mask=_tile_mask(row_ok, d, D, D_PAD), other=0.0)  # [BLOCK_M, D_PAD]
     if FP16_MMA:  # an fp8 cache and a bf16 q: see _fp16_mma
         q_tile = tl.clamp(q_tile.to(tl.float32), -65504.0, 65504.0).to(tl.float16)
@@ -358,38 +392,30 @@ def _prefill_kernel(q, k_cache, v_cache, cu_seqlens_q, context_lens, block_table
     m = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, D_PAD], tl.float32)
-
     table = block_tables + b * stride_bt
-    kv_end = tl.minimum(context_len, context_len - n_new + (tile + 1) * BLOCK_M)  # last row's pos + 1
-    for n0 in range(0, kv_end, BLOCK_N):
-        keys = n0 + tl.arange(0, BLOCK_N)
-        key_ok = keys < kv_end
-        block_ids = tl.load(table + keys // BLOCK_SIZE, mask=key_ok, other=0)
-        slots = block_ids.to(tl.int64) * BLOCK_SIZE + keys % BLOCK_SIZE
-        kv_rows = slots * (KV_HEADS * D) + kv_head * D
-        kv_mask = _tile_mask(key_ok, d, D, D_PAD)
-        k = tl.load(k_cache + kv_rows[:, None] + d[None, :], mask=kv_mask, other=0.0).to(q_tile.dtype)
-        v = tl.load(v_cache + kv_rows[:, None] + d[None, :], mask=kv_mask, other=0.0).to(q_tile.dtype)
-
-        s = tl.dot(q_tile, tl.trans(k), input_precision=PRECISION) * qk_scale  # [BLOCK_M, BLOCK_N]
-        # causal mask; it also hides keys >= kv_end for every real row (their q_pos < kv_end)
-        s = tl.where(keys[None, :] <= q_pos[:, None], s, float("-inf"))
-        # key 0 is in the first tile and every row sees it, so m is finite from the first tile on
-        m_new, l, alpha, p = _online_softmax_step(m, l, s)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
-        m = m_new
-
+    first_pos = context_len - n_new + tile * TOKENS
+    kv_end = tl.minimum(context_len, first_pos + TOKENS)  # the last row's position + 1
+    below = (first_pos + 1) // BLOCK_N * BLOCK_N  # every row sees the keys before it: no mask
+    for n0 in range(0, below, BLOCK_N):
+        m, l, acc = _prefill_tile(q_tile, m, l, acc, table, k_cache, v_cache, n0, kv_end, q_pos, d, qk_scale,
+                                  kv_head, KV_HEADS, D, D_PAD, BLOCK_SIZE, BLOCK_N, PRECISION, False)
+    # key 0 is in the first tile and every row sees it, so m is finite from the first tile on
+    for n0 in range(below, kv_end, BLOCK_N):
+        m, l, acc = _prefill_tile(q_tile, m, l, acc, table, k_cache, v_cache, n0, kv_end, q_pos, d, qk_scale,
+                                  kv_head, KV_HEADS, D, D_PAD, BLOCK_SIZE, BLOCK_N, PRECISION, True)
     o = acc / l[:, None]
-    tl.store(out + (q_start + rows)[:, None] * stride_ot + h * stride_oh + d[None, :],
+    tl.store(out + ((q_start + tok) * stride_ot + head * stride_oh)[:, None] + d[None, :],
              o.to(out.dtype.element_ty), mask=_tile_mask(row_ok, d, D, D_PAD))
 
 
 def paged_prefill_attention(q, k_cache, v_cache, cu_seqlens_q, context_lens, block_tables, scale=None, *,
                             max_query_len=None, block_m=None, block_n=None, num_warps=None, num_stages=None,
-                            fp16_mma=None):
+                            fp16_mma=None, pack=None):
     """Prefill attention over the paged cache; same arguments and result as the reference.
 
     max_query_len: max over b of cu_seqlens_q[b+1] - cu_seqlens_q[b], if known (saves a sync).
+    The rest are tuning knobs (block_m counts rows, tokens x heads; pack: all the query heads of a kv head
+    in one program); None picks the defaults.
     """
     q, group, d_pad, scale = _check_attention_inputs(q, k_cache, v_cache, scale)
     T, num_heads, D = q.shape
@@ -400,16 +426,23 @@ def paged_prefill_attention(q, k_cache, v_cache, cu_seqlens_q, context_lens, blo
         return out
     if max_query_len is None:
         max_query_len = int((cu_seqlens_q[1:] - cu_seqlens_q[:-1]).max())
-    # 64 x 64 tiles, 4 warps, 3 stages: best of the H200 sweep in bf16. fp32 tiles are twice the
-    # bytes: narrower K/V tiles and 2 stages keep the pipelined copies within shared memory.
+    # A program holds the whole group of a kv head when its size is a power of two (no padded rows). bf16:
+    # tiles of 128 rows (64 tokens x 2 heads for Qwen3-0.6B) x 32 keys, 8 warps, 3 stages, the best of the
+    # H200 sweep (bench/proto_prefill.py; bench/results/issue24/prefill/): 8 x 1,024 causal 147 -> 130 us,
+    # 8 x 512 after 512 cached 112 -> 97, 2 x 4,096 455 -> 348. fp32 tiles are twice the bytes: smaller
+    # tiles and 2 stages keep the pipelined copies within shared memory.
+    if pack is None:
+        pack = group & (group - 1) == 0
+    heads = group if pack else 1
+    heads_pad = triton.next_power_of_2(heads)
     wide = q.element_size() >= 4
-    block_m, block_n = block_m or 64, block_n or (32 if wide else 64)
-    num_warps, num_stages = num_warps or 4, num_stages or (2 if wide else 3)
-    num_m_tiles = triton.cdiv(max_query_len, block_m)
-    _prefill_kernel[(num_heads, num_m_tiles, B)](
+    block_m, block_n = max(block_m or (64 if wide else 128), heads_pad), block_n or 32
+    num_warps, num_stages = num_warps or (4 if wide else 8), num_stages or (2 if wide else 3)
+    num_m_tiles = triton.cdiv(max_query_len, block_m // heads_pad)
+    _prefill_kernel[(num_heads // heads, num_m_tiles, B)](
         q, k_cache, v_cache, cu_seqlens_q, context_lens, block_tables, out, scale * LOG2E,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0), num_m_tiles,
-        GROUP=group, KV_HEADS=kv_heads, D=D, D_PAD=d_pad, BLOCK_SIZE=block_size,
+        GROUP=group, HEADS=heads, HEADS_PAD=heads_pad, KV_HEADS=kv_heads, D=D, D_PAD=d_pad, BLOCK_SIZE=block_size,
         BLOCK_M=block_m, BLOCK_N=block_n, PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         FP16_MMA=_fp16_mma(q, k_cache) if fp16_mma is None else fp16_mma, num_warps=num_warps, num_stages=num_stages)
     return out
