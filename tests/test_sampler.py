@@ -27,6 +27,30 @@ def test_uniforms_are_strictly_inside_0_1(seed, step):
     assert (-torch.log(u)).min() > 0  # the race's E: never 0, so no 0/0 and no infinite winner
 
 
+def python_uniform(seed: int, step: int, token: int) -> float:
+    """hash_uniform's number written with Python's unbounded ints and explicit 32-bit masks: the definition
+    that the int32 tensor code (wrapping products, masked shifts) must reproduce bit for bit."""
+    def mix(x):
+        x ^= x >> 16
+        x = x * 0x7FEB352D & 0xFFFFFFFF
+        x ^= x >> 15
+        x = x * 0x2C1B3C6D & 0xFFFFFFFF
+        return x ^ x >> 16
+    s = mix(seed & 0xFFFFFFFF) ^ mix(seed >> 32 & 0xFFFFFFFF)
+    s = mix((s + mix(step & 0xFFFFFFFF)) & 0xFFFFFFFF)
+    bits = mix((s * 0x5BD1E995 + token) & 0xFFFFFFFF)
+    return ((bits >> 9) + 0.5) / 2**23
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 2**63 - 1), step=st.integers(0, 2**40), vocab=st.integers(1, 3000))
+@example(seed=ROUNDED_TO_ONE[0], step=ROUNDED_TO_ONE[1], vocab=QWEN3_VOCAB)
+def test_uniforms_are_the_hash_of_seed_step_and_token(seed, step, vocab):
+    u = hash_uniform(torch.tensor([seed]), torch.tensor([step]), vocab)[0]
+    tokens = sorted({0, vocab - 1, vocab // 2, vocab // 3})
+    assert [u[t].item() for t in tokens] == [python_uniform(seed, step, t) for t in tokens]
+
+
 def logits_with_ties(data, vocab, batch):
     """Logits on a coarse grid (many exact ties), or near-uniform ones (a long tail), per the draw."""
     gen = torch.Generator().manual_seed(data.draw(st.integers(0, 2**32 - 1)))

@@ -2,32 +2,38 @@
 # Edit the notebook, then run `make export` (python tools/export.py).
 
 """A batched sampler: per-request temperature, top-k, top-p and seed, with no loop over requests."""
-import torch
+from functools import partial
 
-MASK32 = 0xFFFFFFFF
+import torch
 
 
 def _mix32(x: torch.Tensor) -> torch.Tensor:
-    """A 32-bit integer hash (xorshift-multiply rounds) on int64 tensors holding values < 2**32.
+    """A 32-bit integer hash (xorshift-multiply rounds) on an int32 tensor, in place (give it one of your own).
 
-    The multipliers are below 2**31, so products stay below 2**63: no int64 overflow.
-    """
-    x = x ^ (x >> 16)
-    x = (x * 0x7FEB352D) & MASK32
-    x = x ^ (x >> 15)
-    x = (x * 0x2C1B3C6D) & MASK32
-    return x ^ (x >> 16)
+    Its bits are the unsigned arithmetic's: a product wraps around to its low 32 bits, and each right shift is
+    masked to the bits it keeps, since int32's >> copies the sign bit in where unsigned would put zeros. Four
+    bytes an element and no new tensors: on a CPU, where this runs on every (row, token), hash_uniform takes a
+    quarter of the time it took in int64 with masks (0.75 against 3.1 s at 256 x 151,936 on 2 cores)."""
+    x ^= (x >> 16) & 0xFFFF
+    x *= 0x7FEB352D
+    x ^= (x >> 15) & 0x1FFFF
+    x *= 0x2C1B3C6D
+    x ^= (x >> 16) & 0xFFFF
+    return x
 
 
 def hash_uniform(seeds: torch.Tensor, steps: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """Uniform numbers strictly inside (0, 1), [B, vocab_size], a pure function of (seed, step, token id)."""
-    s = _mix32(seeds & MASK32) ^ _mix32((seeds >> 32) & MASK32)
-    s = _mix32((s + _mix32(steps & MASK32)) & MASK32)
-    tokens = torch.arange(vocab_size, device=seeds.device)
-    bits = _mix32((s[:, None] * 0x5BD1E995 + tokens[None, :]) & MASK32)  # 0x5BD1E995 < 2**31: see above
+    """Uniform numbers strictly inside (0, 1), [B, vocab_size], a pure function of (seed, step, token id).
+
+    seeds and steps: int64 [B]; each is hashed from its 32-bit halves (a cast to int32 keeps the low 32 bits)."""
+    low32 = partial(torch.Tensor.to, dtype=torch.int32, copy=True)  # a copy: _mix32 works in place
+    s = _mix32(low32(seeds)) ^ _mix32(low32(seeds >> 32))
+    s = _mix32(s + _mix32(low32(steps)))
+    tokens = torch.arange(vocab_size, dtype=torch.int32, device=seeds.device)
+    bits = _mix32(s[:, None] * 0x5BD1E995 + tokens[None, :])
     # 23 bits, so that k + 0.5 is exact in float32 (24 bits of mantissa): u is at most 1 - 2**-24, never 1.
     # (With 24 bits, k + 0.5 rounds for k >= 2**23, up to 2**24 itself: u = 1 and -log(u) = 0.)
-    return ((bits >> 9).float() + 0.5) / 2**23
+    return (((bits >> 9) & 0x7FFFFF).float() + 0.5) / 2**23
 
 
 def keep_top_k_top_p(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
@@ -85,7 +91,8 @@ def pick(logits: torch.Tensor, temperature: torch.Tensor, seeds: torch.Tensor, s
     logits = logits.float()  # a no-op for float32; in lesson 06's compiled pick, fused with what follows
     greedy = temperature == 0
     scaled = logits / torch.where(greedy, torch.ones_like(temperature), temperature)[:, None]
-    race = scaled - torch.log(-torch.log(hash_uniform(seeds, steps, logits.shape[-1])))
+    # in place: each pass over [batch, vocab] writes into a tensor it already has (the same numbers)
+    race = scaled.sub_(hash_uniform(seeds, steps, logits.shape[-1]).log_().neg_().log_())
     return torch.where(greedy, logits.argmax(dim=-1), race.argmax(dim=-1))
 
 
