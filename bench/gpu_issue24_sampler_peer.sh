@@ -7,9 +7,9 @@ set -u
 python3 -m pip install -q --no-index --no-deps --no-compile .whl/*.whl 2>&1 | tail -1
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 t0=$(date +%s)
-timeout 150 python3 -m pytest -q -p no:cacheprovider -o addopts= tests/test_sampler.py > $OUT/sampler_tests.txt 2>&1
-timeout 100 python3 -m pytest -q -p no:cacheprovider -o addopts= tests/test_triton_attention.py -k triton_pick \
+timeout 100 python3 -m pytest -q -p no:cacheprovider -o addopts= tests/test_sampler.py > $OUT/sampler_tests.txt 2>&1
+timeout 60 python3 -m pytest -q -p no:cacheprovider -o addopts= tests/test_triton_attention.py -k triton_pick \
   >> $OUT/sampler_tests.txt 2>&1
 grep -E "passed|failed" $OUT/sampler_tests.txt; echo "tests $(( $(date +%s) - t0 )) s"
-OUT=$OUT/peer NANOSERVE_ROOT=$PWD timeout 420 bash .peer/run_side_by_side.sh > /tmp/peer.log 2>&1
+OUT=$OUT/peer NANOSERVE_ROOT=$PWD timeout 330 bash .peer/run_side_by_side.sh > /tmp/peer.log 2>&1
 tail -14 /tmp/peer.log; echo "peer $(( $(date +%s) - t0 )) s"
