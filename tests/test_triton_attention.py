@@ -338,6 +338,8 @@ def test_inputs_that_cannot_work_raise_value_error():
         ta.paged_decode_attention(q[..., :80], k_cache, v_cache, tables, lens)
     with pytest.raises(ValueError, match="kv heads"):
         ta.paged_prefill_attention(q[:, :3], k_cache, v_cache, cu, lens, tables)
+    with pytest.raises(ValueError, match="block_m 1"):  # a group of 2 in one program: 2 rows a token
+        ta.paged_prefill_attention(q, k_cache, v_cache, cu, lens, tables, block_m=1)
     with pytest.raises(ValueError, match="kv_heads, head_dim"):
         ta.store_kv(k_cache, v_cache, torch.zeros(1, dtype=torch.int64, device=DEVICE), q[:, :3], q[:, :3])
 

@@ -428,7 +428,7 @@ def paged_prefill_attention(q, k_cache, v_cache, cu_seqlens_q, context_lens, blo
         max_query_len = int((cu_seqlens_q[1:] - cu_seqlens_q[:-1]).max())
     # A program holds the whole group of a kv head when its size is a power of two (no padded rows). bf16:
     # tiles of 128 rows (64 tokens x 2 heads for Qwen3-0.6B) x 32 keys, 8 warps, 3 stages, the best of the
-    # H200 sweep (bench/proto_prefill.py; bench/results/issue24/prefill/): 8 x 1,024 causal 147 -> 130 us,
+    # H200 sweep (bench/gpu_prefill_sweep.py; bench/results/issue24/prefill/): 8 x 1,024 causal 147 -> 130 us,
     # 8 x 512 after 512 cached 112 -> 97, 2 x 4,096 455 -> 348. fp32 tiles are twice the bytes: smaller
     # tiles and 2 stages keep the pipelined copies within shared memory.
     if pack is None:
@@ -436,7 +436,9 @@ def paged_prefill_attention(q, k_cache, v_cache, cu_seqlens_q, context_lens, blo
     heads = group if pack else 1
     heads_pad = triton.next_power_of_2(heads)
     wide = q.element_size() >= 4
-    block_m, block_n = max(block_m or (64 if wide else 128), heads_pad), block_n or 32
+    block_m, block_n = block_m or max(64 if wide else 128, heads_pad), block_n or 32
+    if block_m < heads_pad:
+        raise ValueError(f"block_m {block_m}: a program holds whole tokens, {heads_pad} rows each with pack=True")
     num_warps, num_stages = num_warps or (4 if wide else 8), num_stages or (2 if wide else 3)
     num_m_tiles = triton.cdiv(max_query_len, block_m // heads_pad)
     _prefill_kernel[(num_heads // heads, num_m_tiles, B)](
