@@ -2,6 +2,7 @@
 # Edit the notebook, then run `make export` (python tools/export.py).
 
 """Load a Hugging Face checkpoint directory (config.json + safetensors) into our model."""
+import contextlib
 import os
 from pathlib import Path
 
@@ -108,6 +109,19 @@ def files_to_read(path: Path, names, tied: bool) -> dict[Path, list[str]]:
     return by_file
 
 
+@contextlib.contextmanager
+def no_random_init():
+    """Module constructors skip their random init (every tensor is filled from the checkpoint next). On the
+    meta device an init costs no memory, but torch runs nn.Embedding's meta normal_ through Python code that
+    imports torch.compile's machinery: 2-4 s of an eager CPU engine's start, for nothing."""
+    saved = torch.nn.init.normal_
+    torch.nn.init.normal_ = lambda tensor, *args, **kwargs: tensor
+    try:
+        yield
+    finally:
+        torch.nn.init.normal_ = saved
+
+
 def load_model(path, dtype: torch.dtype | None = None, device=None, model_cls=Qwen3ForCausalLM, *, group=None,
                **model_args) -> Qwen3ForCausalLM:
     """The model (model_cls: lesson 06 passes its fused model) with the checkpoint's weights, in eval mode.
@@ -125,7 +139,7 @@ def load_model(path, dtype: torch.dtype | None = None, device=None, model_cls=Qw
     share = group.size if group is not None else 1  # a rank of a group holds about 1/size of the weights
     check_memory(config, dtype, device, path / "config.json", share)  # 100,000 layers fail here, not in a minute
 
-    with torch.device("meta"):  # shapes only: no memory, no random init to throw away
+    with torch.device("meta"), no_random_init():  # shapes only: no memory, no random init to throw away
         model = model_cls(config, **model_args)
         shapes = {name: tuple(t.shape) for name, t in model.checkpoint_tensors().items()}  # what the config says
         plan = group.shard(model) if group is not None else {}
