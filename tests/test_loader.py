@@ -497,3 +497,28 @@ def test_a_tokenizer_that_transformers_rejects_is_one_clear_error(checkpoint, tm
     (tmp_path / "config.json").write_text(json.dumps({**config, "num_hidden_layers": 100_000}))
     with pytest.raises(ValueError, match="cannot load this tokenizer"):
         loader.load_tokenizer(tmp_path)
+
+
+def test_an_eager_cpu_engine_never_imports_torch_compile(tmp_path):
+    """Building the model on the meta device skips nn.init.normal_, whose meta version imports torch._dynamo
+    (seconds of a CPU start); a CPU engine that does not compile must start and generate without it."""
+    code = ("import sys; from nanoserve import LLM, SamplingParams; "
+            "llm = LLM('tiny-qwen3', device='cpu'); llm.generate([[1, 2, 3]], SamplingParams(max_tokens=2), "
+            "use_tqdm=False); print('torch._dynamo' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "False"
+
+
+def test_normal_init_is_restored_when_building_the_model_fails(checkpoint):
+    class Broken(Qwen3ForCausalLM):
+        def __init__(self, config):
+            super().__init__(config)
+            raise RuntimeError("broken on purpose")
+
+    before = torch.nn.init.normal_
+    with pytest.raises(RuntimeError, match="broken on purpose"):
+        load_model(checkpoint, torch.float32, "cpu", Broken)
+    assert torch.nn.init.normal_ is before
+    torch.manual_seed(0)
+    assert torch.nn.init.normal_(torch.zeros(1000)).std() > 0.5  # it draws again
