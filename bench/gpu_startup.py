@@ -3,7 +3,10 @@ a fresh machine), each run in a fresh process: first with empty torch.compile an
 with the caches the first run left. Each run splits its time into the warm-up compiles, the graph
 recording, and the rest (loading the weights, the KV pool, the first request).
 
-    python bench/gpu_startup.py OUT.json [--model qwen3-0.6b-random] [--runs 2]   (GPU only)
+    python bench/gpu_startup.py OUT.json [--model qwen3-0.6b-random] [--runs 2] [--profile PROFILE.txt]   (GPU only)
+
+--profile: one more warm run under cProfile (its 60 costliest calls, cumulative) with torch.compile's
+recompile log (TORCH_LOGS=recompiles), written to PROFILE.txt.
 """
 import argparse
 import json
@@ -46,6 +49,7 @@ def main() -> int:
     parser.add_argument("out")
     parser.add_argument("--model", default="qwen3-0.6b-random")
     parser.add_argument("--runs", type=int, default=2)
+    parser.add_argument("--profile")
     args = parser.parse_args()
     caches = tempfile.mkdtemp(prefix="startup-caches-")
     env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": os.path.join(caches, "inductor"),
@@ -60,6 +64,18 @@ def main() -> int:
         print(runs[-1], flush=True)
         with open(args.out, "w") as f:
             json.dump({"model": args.model, "runs": runs}, f, indent=1)
+    if args.profile:
+        stats, child = args.profile + ".prof", os.path.join(caches, "child.py")
+        with open(child, "w") as f:
+            f.write(CHILD)
+        done = subprocess.run([sys.executable, "-m", "cProfile", "-o", stats, child, args.model],
+                              env={**env, "TORCH_LOGS": "recompiles"}, capture_output=True, text=True)
+        import io
+        import pstats
+        text = io.StringIO()
+        pstats.Stats(stats, stream=text).sort_stats("cumulative").print_stats(60)
+        with open(args.profile, "w") as f:
+            f.write(done.stdout[-2000:] + "\n--- recompiles (stderr) ---\n" + done.stderr[-20000:] + "\n" + text.getvalue())
     return 0
 
 
