@@ -359,6 +359,35 @@ def test_load_tokenizer_corrupt_json_names_file(tokenizer_dir, name):
         load_tokenizer(tokenizer_dir)
 
 
+@pytest.mark.parametrize("model", ["tiny-qwen3", "qwen3-0.6b-random", "smollm2-135m-instruct"])
+def test_the_named_tokenizer_class_is_what_autotokenizer_builds(model):
+    """load_tokenizer builds tokenizer_config.json's class directly (skipping AutoTokenizer's imports): the
+    same class, vocabulary, special tokens, encodings, decodings and chat prompt as AutoTokenizer's."""
+    from transformers import AutoTokenizer
+    path = resolve_model(model)
+    if not (path / "tokenizer_config.json").is_file():
+        pytest.skip(f"{model} is not prepared here (nanoserve prepare {model})")
+    ours, theirs = load_tokenizer(path), AutoTokenizer.from_pretrained(path, trust_remote_code=False)
+    assert loader.named_tokenizer_class(path) is type(ours) is type(theirs)
+    assert ours.get_vocab() == theirs.get_vocab() and ours.all_special_ids == theirs.all_special_ids
+    assert (ours.eos_token_id, ours.bos_token_id, ours.pad_token_id) == \
+        (theirs.eos_token_id, theirs.bos_token_id, theirs.pad_token_id)
+    for text in ["Hello, world!", "  spaces\n\nand\ttabs", "émoji 🤖 中文 ünï", "<|im_start|>user\nhi<|im_end|>", ""]:
+        assert ours.encode(text) == theirs.encode(text) and ours.decode(ours.encode(text)) == theirs.decode(
+            theirs.encode(text))
+    if theirs.chat_template is not None:
+        chat = [{"role": "user", "content": "What is 2+2?"}]
+        assert ours.apply_chat_template(chat, tokenize=False, add_generation_prompt=True) == \
+            theirs.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
+
+
+def test_a_class_transformers_does_not_have_is_left_to_autotokenizer(tokenizer_dir):
+    config = json.loads((tokenizer_dir / "tokenizer_config.json").read_text())
+    (tokenizer_dir / "tokenizer_config.json").write_text(json.dumps({**config, "tokenizer_class": "NoSuchTokenizer"}))
+    assert loader.named_tokenizer_class(tokenizer_dir) is None
+    assert load_tokenizer(tokenizer_dir)("hello world").input_ids == [14990, 1879]  # AutoTokenizer's fallback
+
+
 # ---- a checkpoint never runs its own code: transformers' auto_map is refused, whatever stdin says
 
 
@@ -489,12 +518,16 @@ def test_an_absurd_context_length_fails_in_the_config(checkpoint):
 
 
 def test_a_tokenizer_that_transformers_rejects_is_one_clear_error(checkpoint, tmp_path):
-    """tiny-qwen3's config edited to 100,000 layers: transformers' own config check (not a ValueError) fails
-    first, and must still be a ValueError naming the directory, which the command line prints as one error."""
+    """tiny-qwen3's config edited to 100,000 layers, and no tokenizer_class named, so that AutoTokenizer reads
+    config.json: transformers' own config check (not a ValueError) fails first, and must still be a
+    ValueError naming the directory, which the command line prints as one error."""
     for f in resolve_model("tiny-qwen3").iterdir():
         shutil.copy(f, tmp_path / f.name)
     config = json.loads((tmp_path / "config.json").read_text())
     (tmp_path / "config.json").write_text(json.dumps({**config, "num_hidden_layers": 100_000}))
+    tokenizer_config = json.loads((tmp_path / "tokenizer_config.json").read_text())
+    del tokenizer_config["tokenizer_class"]
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(tokenizer_config))
     with pytest.raises(ValueError, match="cannot load this tokenizer"):
         loader.load_tokenizer(tmp_path)
 

@@ -208,11 +208,25 @@ def custom_code(path: Path) -> str:
     return "; ".join(entries) or "an auto_map entry"
 
 
+def named_tokenizer_class(path: Path):
+    """The transformers class that tokenizer_config.json names, when transformers has it and neither file asks
+    for checkpoint code (auto_map); None leaves the choice to AutoTokenizer. Loading the class directly is
+    what AutoTokenizer would do, without importing its model-loading machinery (transformers 5.17 imports
+    scikit-learn there): 8 s of every start-up on the H200 machine, whose Python keeps no bytecode caches."""
+    import transformers
+
+    saved = {name: read_json(path / name) if (path / name).is_file() else {}
+             for name in ("tokenizer_config.json", "config.json")}
+    name = saved["tokenizer_config.json"].get("tokenizer_class")
+    if not isinstance(name, str) or any("auto_map" in s for s in saved.values()):
+        return None
+    cls = getattr(transformers, name, None)
+    return cls if isinstance(cls, type) and issubclass(cls, transformers.PreTrainedTokenizerBase) else None
+
+
 def load_tokenizer(path):
     """transformers' tokenizer for a model directory; missing or corrupt files fail naming them. The
     checkpoint's own Python code, if it has any, never runs."""
-    from transformers import AutoTokenizer  # slow to import; only needed here
-
     path = Path(path)
     if not path.is_dir():
         raise FileNotFoundError(f"{path}: model directory does not exist")
@@ -222,6 +236,10 @@ def load_tokenizer(path):
         wanted = " or ".join(" + ".join(group) for group in TOKENIZER_FILES)
         raise FileNotFoundError(f"{path}: no tokenizer files: it needs {wanted}")
     try:
+        named = named_tokenizer_class(path)
+        if named is not None:
+            return named.from_pretrained(path)
+        from transformers import AutoTokenizer  # slow to import; only needed here
         # Left to decide, transformers asks on the terminal whether to import the checkpoint's code
         # (its auto_map) and runs it on "y". False: a standard tokenizer loads, and code is refused.
         return AutoTokenizer.from_pretrained(path, trust_remote_code=False)
