@@ -208,21 +208,26 @@ def custom_code(path: Path) -> str:
     return "; ".join(entries) or "an auto_map entry"
 
 
-def named_tokenizer_class(path: Path):
-    """The transformers class that tokenizer_config.json names, when transformers has it and neither file asks
-    for checkpoint code (auto_map); None leaves the choice to AutoTokenizer. Loading the class directly is
-    what AutoTokenizer would do, without importing its model-loading machinery (transformers 5.17 imports
-    scikit-learn there): on the H200 machine a fresh process loads Qwen3's tokenizer in 5.5 s this way, in
-    10.3 s through AutoTokenizer (bench/gpu_tokenizer_load.sh)."""
-    import transformers
+# (config.json's model_type, tokenizer_config.json's tokenizer_class) pairs for which AutoTokenizer builds just
+# the named class: Qwen's. AutoTokenizer has rules of its own for others (a LlamaTokenizer whose
+# tokenizer.json is byte-level gets a TokenizersBackend, some model types override the class named), so
+# every other checkpoint still goes through it.
+DIRECT_TOKENIZERS = {("qwen2", "Qwen2Tokenizer"), ("qwen3", "Qwen2Tokenizer"), ("qwen3_moe", "Qwen2Tokenizer")}
 
+
+def named_tokenizer_class(path: Path):
+    """The tokenizer class to build directly, without AutoTokenizer, or None to leave the choice to it.
+    Building Qwen's class directly skips AutoTokenizer's import of transformers' model-loading machinery
+    (transformers 5.17 imports scikit-learn there): on the H200 machine a fresh process loads Qwen3's
+    tokenizer in 5.5 s this way, in 10.3 s through AutoTokenizer (bench/gpu_tokenizer_load.sh)."""
     saved = {name: read_json(path / name) if (path / name).is_file() else {}
              for name in ("tokenizer_config.json", "config.json")}
-    name = saved["tokenizer_config.json"].get("tokenizer_class")
-    if not isinstance(name, str) or any("auto_map" in s for s in saved.values()):
+    name, model_type = saved["tokenizer_config.json"].get("tokenizer_class"), saved["config.json"].get("model_type")
+    if not isinstance(name, str) or (model_type, name.removesuffix("Fast")) not in DIRECT_TOKENIZERS or any(
+            "auto_map" in s for s in saved.values()):
         return None
-    cls = getattr(transformers, name, None)
-    return cls if isinstance(cls, type) and issubclass(cls, transformers.PreTrainedTokenizerBase) else None
+    import transformers
+    return getattr(transformers, name.removesuffix("Fast"))
 
 
 def load_tokenizer(path):
