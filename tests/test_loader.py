@@ -359,8 +359,7 @@ def test_load_tokenizer_corrupt_json_names_file(tokenizer_dir, name):
         load_tokenizer(tokenizer_dir)
 
 
-@pytest.mark.parametrize("model, direct", [("tiny-qwen3", True), ("qwen3-0.6b-random", True),
-                                           ("smollm2-135m-instruct", False)])
+@pytest.mark.parametrize("model, direct", [("tiny-qwen3", True), ("smollm2-135m-instruct", False)])
 def test_the_tokenizer_is_what_autotokenizer_builds(model, direct):
     """load_tokenizer builds Qwen's tokenizer class directly (skipping AutoTokenizer's imports), and leaves
     others (SmolLM2's) to AutoTokenizer: either way the same class, vocabulary, special tokens, encodings,
