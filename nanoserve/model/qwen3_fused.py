@@ -110,7 +110,7 @@ def _compile(fn):
 
     dynamic=True still compiles sizes 0 and 1 apart ("0/1 specialisation"): one more compile at start-up.
     Marking the token dimension unbacked (torch._dynamo.mark_unbacked) avoids it, but with it the H200's
-    workload spent 0.52 and 0.53 s in prefill steps against 0.42-0.44 s in three runs without (different
+    workload spent 0.52 and 0.53 s in prefill steps against 0.40-0.44 s in five runs without (different
     sessions, not one A/B run), so we pay the one compile."""
     return torch.compile(fn, dynamic=True, fullgraph=True)
 
