@@ -11,7 +11,7 @@ from transformers import (MinNewTokensLengthLogitsProcessor, MinPLogitsWarper,
                           RepetitionPenaltyLogitsProcessor, TemperatureLogitsWarper)
 
 from nanoserve import LLM, SamplingParams
-from nanoserve.engine.logits_processors import process_logits
+from nanoserve.engine.logits_processors import BadWords, process_logits
 
 VOCAB = 50
 
@@ -19,7 +19,7 @@ VOCAB = 50
 def seq(params, prompt, output, bad_words_ids=(), stop_ids=()):
     """What process_logits reads of a sequence."""
     return SimpleNamespace(params=params, token_ids=list(prompt) + list(output), num_prompt_tokens=len(prompt),
-                           prompt_ids=list(prompt), bad_words_ids=[list(w) for w in bad_words_ids],
+                           prompt_ids=list(prompt), bad_words=BadWords([list(w) for w in bad_words_ids]) if bad_words_ids else None,
                            stop_ids=set(stop_ids), edits_logits=params.edits_logits, matcher=None)
 
 

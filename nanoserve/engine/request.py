@@ -4,8 +4,10 @@
 """One prompt's progress through generation: its tokens, its stop conditions, its text."""
 from dataclasses import dataclass
 
+import llguidance
+
 from nanoserve.engine.detokenizer import Detokenizer
-from nanoserve.engine.logits_processors import bad_word_ids
+from nanoserve.engine.logits_processors import BadWords, tokenize_bad_words
 from nanoserve.engine.sampling_params import SamplingParams
 from nanoserve.engine.structured_outputs import grammar_matcher
 
@@ -18,6 +20,30 @@ class Completion:
     stop_reason: int | str | None = None  # the stop token id or stop string that ended it (None: eos, length)
 
 
+@dataclass
+class Prepared:
+    """What a request's constraints need from the tokenizer, worked out once per SamplingParams: its n
+    completions share it, and so does every request given the same object. A server prepares a request in a
+    thread before it admits it, so none of this runs in the step loop."""
+    bad_words: BadWords | None
+    allowed: frozenset[int] | None  # allowed_token_ids as a set: each drawn token is checked against it
+    matcher: llguidance.LLMatcher | None  # the grammar compiled and checked; each completion follows a copy
+
+
+def prepare(params: SamplingParams, tokenizer) -> Prepared:
+    """The request's Prepared (kept on params). A constraint that cannot be compiled raises ValueError."""
+    kept = getattr(params, "_prepared", None)
+    if kept is None or kept[0] is not tokenizer:
+        if (params.stop or params.bad_words) and tokenizer is None:
+            raise ValueError("stop strings and bad_words need the tokenizer: pass tokenizer=...")
+        so, allowed = params.structured_outputs, params.allowed_token_ids
+        kept = params._prepared = tokenizer, Prepared(
+            tokenize_bad_words(tokenizer, params.bad_words) if params.bad_words else None,
+            frozenset(allowed) if allowed is not None else None,
+            grammar_matcher(tokenizer, so) if so is not None else None)
+    return kept[1]
+
+
 class Request:
     """One prompt's progress through generation."""
 
@@ -25,8 +51,6 @@ class Request:
                  tokenizer):
         if not prompt_ids:
             raise ValueError("the prompt is empty: give at least one token")
-        if (params.stop or params.bad_words) and tokenizer is None:
-            raise ValueError("stop strings and bad_words need the tokenizer: pass tokenizer=...")
         if params.max_tokens is None:
             raise ValueError("max_tokens=None means 'up to max_model_len', which only the engine (lesson 05) knows")
         self.seq_id, self.params, self.seed = seq_id, params, seed
@@ -37,12 +61,13 @@ class Request:
         # Otherwise the output is decoded once, when it is complete.
         self.tokenizer = tokenizer
         self.detok = self._detokenizer() if params.stop else None
-        self.bad_words_ids = bad_word_ids(tokenizer, params.bad_words) if params.bad_words else []
-        so = params.structured_outputs
-        self.matcher = grammar_matcher(tokenizer, so) if so is not None else None  # follows the output's grammar
+        ready = prepare(params, tokenizer)
+        self.bad_words, self.allowed = ready.bad_words, ready.allowed
+        self.matcher = ready.matcher.deep_copy() if ready.matcher is not None else None  # follows the grammar
         # Its next draw depends on its last token (a grammar's state, or a bad word of several tokens): lesson
         # 05's async scheduling must not run it ahead of that token.
-        self.waits_for_last_token = self.matcher is not None or any(len(w) > 1 for w in self.bad_words_ids)
+        self.waits_for_last_token = self.matcher is not None or (self.bad_words is not None
+                                                                 and self.bad_words.multi_token)
         self.edits_logits = params.edits_logits  # asked once here, not for every sequence at every step
         self.finish_reason: str | None = None
         self.stop_reason: int | str | None = None  # vLLM's: which stop_token_ids entry or stop string
@@ -65,8 +90,11 @@ class Request:
         return self.token_ids[self.num_prompt_tokens:]
 
     def append(self, token: int) -> None:
-        if self.matcher is not None and not self.matcher.consume_token(token):  # the mask forbade it: a bug
-            raise RuntimeError(f"token {token} breaks the request's structured_outputs: {self.matcher.get_error()}")
+        """Take the token drawn for this request. A token its own constraints forbid raises ValueError: the
+        sampler draws one only when they forbid every token (allowed_token_ids that are all bad words, say),
+        and the request then ends with that error, never with a token it ruled out."""
+        if self.params.edits_logits:
+            self._check_allowed(token)
         self.token_ids.append(token)
         may_stop = self.num_output_tokens >= self.params.min_tokens
         self.new_text = self.detok.add(token, may_stop) if self.detok is not None else ""
@@ -80,6 +108,17 @@ class Request:
             self.finish_reason = "length"
         if self.finish_reason is not None and self.detok is not None:
             self.new_text += self.detok.flush()
+
+    def _check_allowed(self, token: int) -> None:
+        output, p = self.output_ids, self.params
+        broken = ("allowed_token_ids" if self.allowed is not None and token not in self.allowed else
+                  "bad_words" if self.bad_words is not None and token in self.bad_words.banned(output) else
+                  "min_tokens" if token in self.stop_ids and len(output) < p.min_tokens else
+                  "structured_outputs" if self.matcher is not None and not self.matcher.consume_token(token) else None)
+        if broken is not None:
+            raise ValueError(f"this request's constraints forbid every token after {len(output)} output tokens "
+                             f"(allowed_token_ids, bad_words, min_tokens and structured_outputs leave nothing; "
+                             f"the draw broke {broken})")
 
     def stream_text(self) -> None:
         """Make new_text after every token from now on (before the first token: a stream asks for it)."""

@@ -6,10 +6,12 @@ strings, or a grammar. llguidance (a well-kept grammar library; vLLM uses it too
 and, before each token, says which tokens may come next: a bitmask over the vocabulary. The logits of all
 the other tokens become -inf."""
 import json
+import threading
 from dataclasses import dataclass
 
 import llguidance
 import llguidance.gbnf_to_lark
+import numpy as np
 import torch
 
 
@@ -55,9 +57,18 @@ class StructuredOutputsParams:
 
 
 _LL_TOKENIZERS: dict = {}  # id(tokenizer) -> (tokenizer, its llguidance twin): building one takes a second
-# (id of the twin, grammar) -> a fresh matcher, compiled once: each request gets a copy (a tenth of a
-# millisecond, where compiling takes milliseconds), and a server compiles it off its event loop. The last 64.
+# (id of the twin, the constraint) -> a fresh matcher, compiled once and checked: each request gets a copy (a
+# tenth of a millisecond, where compiling takes milliseconds).
 _COMPILED: dict = {}
+_LOCK = threading.Lock()
+CACHED_GRAMMARS = 64  # the most recently compiled constraints kept
+
+# Budgets on what one constraint may cost to compile. A server compiles a request's constraint before it admits
+# the request (lesson 08), but the thread that compiles cannot be stopped, so each step must be bounded.
+MAX_GRAMMAR_CHARS = 2 * 2**20  # the grammar llguidance compiles, as text: a real schema or regex is far smaller
+MAX_GBNF_RULES = 1000  # GBNF -> Lark is pure Python and quadratic in the rules: 1,000 take about a second
+# llguidance's own limits: its defaults, with errors that do not repeat the grammar (a server logs them)
+LIMITS = dict(verbose_errors=False)
 
 
 def ll_tokenizer(tokenizer) -> llguidance.LLTokenizer:
@@ -68,32 +79,57 @@ def ll_tokenizer(tokenizer) -> llguidance.LLTokenizer:
     return entry[1]
 
 
+def constraint_key(spec: StructuredOutputsParams) -> tuple:
+    """The constraint as a hashable value (the cache's key: looked up before any conversion is paid for)."""
+    value = json.dumps(spec.json) if isinstance(spec.json, dict) else spec.json  # key order is meaningful
+    return value, spec.regex, tuple(spec.choice or ()), spec.grammar, spec.json_object
+
+
 def grammar_matcher(tokenizer, spec: StructuredOutputsParams) -> llguidance.LLMatcher:
-    """A matcher that follows one output token by token. A constraint that does not compile raises ValueError."""
+    """A matcher that follows one output token by token, ready for its first token. A constraint that does not
+    compile, is over the budgets above, or that llguidance refuses at its first mask (a grammar too complex to
+    follow, or one that allows no output at all) raises ValueError, before any request uses it."""
     if tokenizer is None:
         raise ValueError("structured_outputs need the tokenizer: pass tokenizer=...")
+    ll = ll_tokenizer(tokenizer)
+    key = (id(ll), constraint_key(spec))
+    with _LOCK:
+        matcher = _COMPILED.get(key)
+    if matcher is None:
+        matcher = compile_checked(ll, spec)
+        with _LOCK:  # a server compiles in several threads
+            while len(_COMPILED) >= CACHED_GRAMMARS:
+                del _COMPILED[next(iter(_COMPILED))]  # the oldest
+            _COMPILED[key] = matcher
+    return matcher.deep_copy()
+
+
+def compile_checked(ll: llguidance.LLTokenizer, spec: StructuredOutputsParams) -> llguidance.LLMatcher:
+    if spec.grammar is not None and "::=" in spec.grammar and spec.grammar.count("::=") > MAX_GBNF_RULES:
+        raise ValueError(f"structured_outputs: a GBNF grammar may have at most {MAX_GBNF_RULES} rules")
     try:
-        ll, grammar = ll_tokenizer(tokenizer), spec.grammar_text()
+        grammar = spec.grammar_text()
     except Exception as e:  # a JSON schema or grammar llguidance cannot read
-        raise ValueError(f"structured_outputs: {e}") from None
-    key = (id(ll), grammar)
-    if key not in _COMPILED:
-        error = llguidance.LLMatcher.validate_grammar(grammar, ll)
-        if error:
-            raise ValueError(f"structured_outputs: {error}")
-        if len(_COMPILED) >= 64:
-            del _COMPILED[next(iter(_COMPILED))]  # the oldest
-        _COMPILED[key] = llguidance.LLMatcher(ll, grammar)
-    return _COMPILED[key].deep_copy()
+        raise ValueError(f"structured_outputs: {str(e)[:500]}") from None
+    if len(grammar) > MAX_GRAMMAR_CHARS:
+        raise ValueError(f"structured_outputs: the compiled grammar is {len(grammar):,} characters, over this "
+                         f"engine's limit of {MAX_GRAMMAR_CHARS:,}")
+    limits = llguidance.LLParserLimits(**LIMITS)
+    error = llguidance.LLMatcher.validate_grammar(grammar, ll, limits=limits)
+    matcher = None if error else llguidance.LLMatcher(ll, grammar, limits=limits, log_level=0)
+    if matcher is not None:  # its first mask, on a copy: some limits are only met there
+        first = matcher.deep_copy()
+        words = np.frombuffer(first.compute_bitmask(), dtype=np.int32)
+        error = first.get_error() if first.is_error() else "" if words.any() else "it allows no output at all"
+    if error:
+        raise ValueError(f"structured_outputs: {error[:500]}")
+    return matcher
 
 
 def allowed_tokens(matchers: list, tokenizer, vocab_size: int) -> torch.Tensor:
     """[R, vocab_size] bool on the host: which tokens each matcher allows next."""
-    import llguidance.torch  # imported when first used: it imports torch.compile's machinery (seconds)
-    bitmask = llguidance.torch.allocate_token_bitmask(len(matchers), ll_tokenizer(tokenizer).vocab_size)
-    for row, matcher in enumerate(matchers):
-        llguidance.torch.fill_next_token_bitmask(matcher, bitmask, row)
-    return unpack_bitmask(bitmask, vocab_size)
+    words = [np.frombuffer(m.compute_bitmask(), dtype=np.int32) for m in matchers]
+    return unpack_bitmask(torch.from_numpy(np.stack(words)), vocab_size)
 
 
 def unpack_bitmask(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
