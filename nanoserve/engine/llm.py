@@ -17,7 +17,7 @@ from tqdm.auto import tqdm
 from nanoserve.engine.llm_engine import LLMEngine
 from nanoserve.engine.model_runner import ModelRunner
 from nanoserve.engine.output_router import OutputRouter
-from nanoserve.engine.sampling_params import SamplingParams
+from nanoserve.engine.sampling_params import InvalidParameter, SamplingParams
 from nanoserve.engine.sequence import Sequence, SequenceStatus
 from nanoserve.model.config import ModelConfig
 
@@ -466,6 +466,8 @@ class LLM:
             for i, ((text, ids), sp) in enumerate(zip(encoded, params)):
                 try:
                     first = engine.add_request(ids, sp)
+                except InvalidParameter as e:  # a parameter this model cannot take: nothing of the call runs
+                    raise InvalidParameter(f"sampling_params {i}: {e}", e.param) from None
                 except ValueError as e:  # well formed, but it cannot be served: this request fails alone
                     outputs.append(RequestOutput(str(i), text, ids, [CompletionOutput(0, "", [], "error")], True,
                                                  f"prompt {i}: {e}"))

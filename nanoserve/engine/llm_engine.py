@@ -8,7 +8,8 @@ from dataclasses import dataclass
 
 from nanoserve.cache.paged import PagedKVCache
 from nanoserve.engine.model_runner import LaunchedStep, ModelRunner, read_prompt_logprobs
-from nanoserve.engine.sampling_params import SamplingParams
+from nanoserve.engine.request import prepare
+from nanoserve.engine.sampling_params import InvalidParameter, SamplingParams
 from nanoserve.engine.scheduler import ScheduledBatch, Scheduler
 from nanoserve.engine.sequence import Sequence, SequenceStatus, completion_seed
 
@@ -22,6 +23,19 @@ class EngineStats:
     computed_tokens: int = 0  # tokens whose K/V the model computed
     generated_tokens: int = 0
     steps_ahead: int = 0  # steps launched before the one before them was processed (async scheduling)
+
+
+def check_token_ids(params: SamplingParams, prepared, vocab: int) -> None:
+    """Every token id a request carries must be one of the model's: an id past the logits would fail the step,
+    and with it every request in the step. bad_words come from the tokenizer, whose ids can pass a small
+    model's vocabulary."""
+    named = {"stop_token_ids": params.stop_token_ids, "logit_bias": params.logit_bias or {},
+             "allowed_token_ids": params.allowed_token_ids or (),
+             "bad_words": [prepared.bad_words.largest] if prepared.bad_words is not None else ()}
+    for name, ids in named.items():
+        if ids and max(ids) >= vocab:
+            raise InvalidParameter(f"{name}: token ids must be below the model's vocabulary size {vocab}, "
+                                   f"got {max(ids)}", name)
 
 
 class LLMEngine:
@@ -44,13 +58,17 @@ class LLMEngine:
         self.step_seqs: list[Sequence] = []  # the sequences of the step in progress (after a failed step: its)
 
     def add_request(self, prompt_ids: list[int], params: SamplingParams) -> Sequence:
-        """Queue a request; a bad one raises ValueError here, before it can touch the batch."""
+        """Queue a request; a bad one raises ValueError here, before it can touch the batch (InvalidParameter,
+        naming it, for a parameter this model cannot take)."""
         vocab = self.model.config.vocab_size
         if not all(isinstance(t, int) and 0 <= t < vocab for t in prompt_ids):
             raise ValueError(f"prompt token ids must be integers in [0, {vocab})")
-        for name, ids in (("logit_bias", params.logit_bias or {}), ("allowed_token_ids", params.allowed_token_ids or [])):
-            if any(t >= vocab for t in ids):
-                raise ValueError(f"{name}: token ids must be below the vocabulary size {vocab}")
+        try:  # once per SamplingParams: a server has done it in a thread before it got here
+            prepared = prepare(params, self.tokenizer)
+        except ValueError as e:
+            raise InvalidParameter(str(e), "structured_outputs" if "structured_outputs" in str(e) else "bad_words") \
+                from None
+        check_token_ids(params, prepared, vocab)
         if params.truncate_prompt_tokens is not None:  # as vLLM: keep the last k (-1: max_model_len)
             keep = self.max_model_len if params.truncate_prompt_tokens == -1 else params.truncate_prompt_tokens
             prompt_ids = prompt_ids[-keep:]
@@ -58,7 +76,11 @@ class LLMEngine:
             if len(prompt_ids) >= self.max_model_len:
                 raise ValueError(f"a prompt of {len(prompt_ids)} tokens leaves no room for max_tokens=None within "
                                  f"max_model_len {self.max_model_len}")
-            params = params.clone(max_tokens=self.max_model_len - len(prompt_ids))
+            try:
+                params = params.clone(max_tokens=self.max_model_len - len(prompt_ids))
+            except ValueError as e:  # min_tokens above what max_model_len leaves
+                raise InvalidParameter(f"{str(e).removeprefix('SamplingParams: ')} (max_tokens=None leaves "
+                                       f"what max_model_len does)", "min_tokens") from None
         for name in ("logprobs", "prompt_logprobs"):
             if getattr(params, name) is not None and getattr(params, name) > self.max_logprobs:
                 raise ValueError(f"{name} {getattr(params, name)} exceeds max_logprobs {self.max_logprobs} "

@@ -23,6 +23,7 @@ class BadWords:
         for word in words_ids:
             self.after.setdefault(len(word) - 1, {}).setdefault(tuple(word[:-1]), set()).add(word[-1])
         self.multi_token = max(self.after, default=0) > 0  # a ban that depends on the last token drawn
+        self.largest = max((max(word) for word in words_ids), default=-1)  # the largest token id in a word
 
     def banned(self, output: list[int]) -> set[int]:
         """The tokens that would complete a bad word after this output."""

@@ -9,6 +9,15 @@ from dataclasses import dataclass, field
 from nanoserve.engine.structured_outputs import StructuredOutputsParams
 
 
+class InvalidParameter(ValueError):
+    """A request parameter that this engine cannot take (a token id beyond the model's vocabulary, say); .param
+    names it, as a server's 400 does."""
+
+    def __init__(self, message: str, param: str):
+        super().__init__(message)
+        self.param = param
+
+
 @dataclass
 class SamplingParams:
     temperature: float = 1.0  # 0 = greedy
@@ -124,4 +133,8 @@ class SamplingParams:
 
     def clone(self, **changes) -> "SamplingParams":
         """A copy, with `changes` (checked as a new SamplingParams is)."""
-        return dataclasses.replace(self, **changes)
+        copy = dataclasses.replace(self, **changes)
+        if "_prepared" in vars(self) and not changes.keys() & {"stop", "bad_words", "allowed_token_ids",
+                                                               "structured_outputs"}:
+            copy._prepared = self._prepared  # what lesson 02's prepare worked out still holds
+        return copy
