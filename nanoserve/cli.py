@@ -133,7 +133,9 @@ def add_serve_parser(sub) -> None:
     serve.add_argument("model", help="a model directory, a hub id in the local HF cache, or a zoo name")
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000)
-    serve.add_argument("--api-key", default=None, help="require `Authorization: Bearer KEY` on /v1 routes")
+    serve.add_argument("--api-key", default=None,
+                       help="require `Authorization: Bearer KEY` on every route but /health, /ping, /version and "
+                            "/metrics (default: $VLLM_API_KEY, as vLLM's)")
     serve.add_argument("--served-model-name", nargs="+", default=None,
                        help="the model's name in the API (default: MODEL); one name only so far")
     serve.add_argument("--max-waiting-requests", type=_positive_int, default=256,
@@ -315,8 +317,12 @@ def serve(args) -> int:
     if args.chat_template is not None:  # vLLM's --chat-template: a file, or the template's text
         path = os.path.expanduser(args.chat_template)
         llm.tokenizer.chat_template = open(path).read() if os.path.isfile(path) else args.chat_template
+    api_key = args.api_key
+    if api_key is None and os.environ.get("VLLM_API_KEY"):  # how vLLM's users give the key: never ignored
+        api_key = os.environ["VLLM_API_KEY"]
+        print("nanoserve: the API key is VLLM_API_KEY's (from the environment)", flush=True)
     serve_http(llm, names[0] if names else args.model, args.host, args.port, args.max_waiting_requests,
-               args.api_key, log_level=args.uvicorn_log_level,
+               api_key, log_level=args.uvicorn_log_level,
                trust_request_chat_template=args.trust_request_chat_template)
     return 0
 

@@ -63,12 +63,11 @@ class LLMEngine:
         vocab = self.model.config.vocab_size
         if not all(isinstance(t, int) and 0 <= t < vocab for t in prompt_ids):
             raise ValueError(f"prompt token ids must be integers in [0, {vocab})")
-        try:  # once per SamplingParams: a server has done it in a thread before it got here
-            prepared = prepare(params, self.tokenizer)
-        except ValueError as e:
-            raise InvalidParameter(str(e), "structured_outputs" if "structured_outputs" in str(e) else "bad_words") \
-                from None
+        prepared = prepare(params, self.tokenizer)  # once per SamplingParams: a server's thread did it already
         check_token_ids(params, prepared, vocab)
+        stops = set(params.stop_token_ids) | (set() if params.ignore_eos else self.eos)
+        if params.min_tokens and prepared.allowed is not None and prepared.allowed <= stops:
+            raise InvalidParameter("min_tokens: every one of allowed_token_ids stops the output", "min_tokens")
         if params.truncate_prompt_tokens is not None:  # as vLLM: keep the last k (-1: max_model_len)
             keep = self.max_model_len if params.truncate_prompt_tokens == -1 else params.truncate_prompt_tokens
             prompt_ids = prompt_ids[-keep:]

@@ -8,7 +8,7 @@ import llguidance
 
 from nanoserve.engine.detokenizer import Detokenizer
 from nanoserve.engine.logits_processors import BadWords, tokenize_bad_words
-from nanoserve.engine.sampling_params import SamplingParams
+from nanoserve.engine.sampling_params import InvalidParameter, SamplingParams
 from nanoserve.engine.structured_outputs import grammar_matcher
 
 
@@ -31,16 +31,20 @@ class Prepared:
 
 
 def prepare(params: SamplingParams, tokenizer) -> Prepared:
-    """The request's Prepared (kept on params). A constraint that cannot be compiled raises ValueError."""
+    """The request's Prepared (kept on params). Constraints that no token can satisfy raise InvalidParameter
+    naming one; a grammar that does not compile, ValueError (lesson 05 fails that request alone)."""
     kept = getattr(params, "_prepared", None)
     if kept is None or kept[0] is not tokenizer:
         if (params.stop or params.bad_words) and tokenizer is None:
-            raise ValueError("stop strings and bad_words need the tokenizer: pass tokenizer=...")
+            raise InvalidParameter("stop strings and bad_words need the tokenizer: pass tokenizer=...",
+                                   "stop" if params.stop else "bad_words")
         so, allowed = params.structured_outputs, params.allowed_token_ids
-        kept = params._prepared = tokenizer, Prepared(
-            tokenize_bad_words(tokenizer, params.bad_words) if params.bad_words else None,
-            frozenset(allowed) if allowed is not None else None,
-            grammar_matcher(tokenizer, so) if so is not None else None)
+        matcher = grammar_matcher(tokenizer, so) if so is not None else None  # ValueError: this request fails
+        words = tokenize_bad_words(tokenizer, params.bad_words) if params.bad_words else None
+        allowed = frozenset(allowed) if allowed is not None else None
+        if allowed is not None and words is not None and allowed <= words.banned([]):
+            raise InvalidParameter("allowed_token_ids: every allowed token is one of bad_words", "allowed_token_ids")
+        kept = params._prepared = tokenizer, Prepared(words, allowed, matcher)
     return kept[1]
 
 
@@ -113,12 +117,15 @@ class Request:
         output, p = self.output_ids, self.params
         broken = ("allowed_token_ids" if self.allowed is not None and token not in self.allowed else
                   "bad_words" if self.bad_words is not None and token in self.bad_words.banned(output) else
-                  "min_tokens" if token in self.stop_ids and len(output) < p.min_tokens else
-                  "structured_outputs" if self.matcher is not None and not self.matcher.consume_token(token) else None)
+                  "min_tokens" if token in self.stop_ids and len(output) < p.min_tokens else None)
         if broken is not None:
             raise ValueError(f"this request's constraints forbid every token after {len(output)} output tokens "
                              f"(allowed_token_ids, bad_words, min_tokens and structured_outputs leave nothing; "
                              f"the draw broke {broken})")
+        if self.matcher is not None and (not self.matcher.consume_token(token) or self.matcher.is_error()):
+            error = self.matcher.get_error().strip().split("\n")[0][:300]  # llguidance's, short
+            raise ValueError(f"structured_outputs: the grammar cannot go on after {len(output)} output tokens "
+                             f"({error or 'no token of its own mask fits what came before'})")
 
     def stream_text(self) -> None:
         """Make new_text after every token from now on (before the first token: a stream asks for it)."""

@@ -53,19 +53,19 @@ class SamplingParams:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
                     or not (low < value if low_open else low <= value) or value > high:
-                bad(f"{name} must be a number in {'(' if low_open else '['}{low}, {high}], got {value!r}")
+                bad(f"{name} must be a number in {'(' if low_open else '['}{low}, {high}], got {value!r:.100}")
 
         def integer(name, low, none_ok=False):
             value = getattr(self, name)
             if not (value is None and none_ok) and (isinstance(value, bool) or not isinstance(value, int)
                                                     or value < low):
-                bad(f"{name} must be an integer >= {low}{' or None' if none_ok else ''}, got {value!r}")
+                bad(f"{name} must be an integer >= {low}{' or None' if none_ok else ''}, got {value!r:.100}")
 
         number("temperature", 0, math.inf)
         if self.temperature < 1e-5:  # as vLLM: dividing logits by a tiny temperature overflows; it is greedy
             self.temperature = 0.0
         if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < -1:
-            bad(f"top_k must be an integer >= 1, or 0/-1 for no limit, got {self.top_k!r}")
+            bad(f"top_k must be an integer >= 1, or 0/-1 for no limit, got {self.top_k!r:.100}")
         self.top_k = max(self.top_k, 0)
         number("top_p", 0, 1, low_open=True)
         number("min_p", 0, 1)
@@ -73,7 +73,7 @@ class SamplingParams:
         number("frequency_penalty", -2, 2)
         number("repetition_penalty", 0, math.inf, low_open=True)
         if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
-            bad(f"seed must be an integer or None, got {self.seed!r}")
+            bad(f"seed must be an integer or None, got {self.seed!r:.100}")
         integer("max_tokens", 1, none_ok=True)
         integer("min_tokens", 0)
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
@@ -85,10 +85,10 @@ class SamplingParams:
             integer("truncate_prompt_tokens", 1, none_ok=True)
         for name in ("include_stop_str_in_output", "ignore_eos", "skip_special_tokens"):
             if not isinstance(getattr(self, name), bool):
-                bad(f"{name} must be True or False, got {getattr(self, name)!r}")
+                bad(f"{name} must be True or False, got {getattr(self, name)!r:.100}")
         self.stop = [] if self.stop is None else [self.stop] if isinstance(self.stop, str) else list(self.stop)
         if not all(isinstance(s, str) and s for s in self.stop):
-            bad(f"stop must be a non-empty string or a list of them, got {self.stop!r}")
+            bad(f"stop must be a non-empty string or a list of them, got {self.stop!r:.100}")
         self.bad_words = [] if self.bad_words is None else list(self.bad_words)
         if isinstance(self.structured_outputs, dict):  # as a server's JSON gives it
             try:
@@ -100,12 +100,12 @@ class SamplingParams:
         if self.structured_outputs is not None and self.min_tokens:  # a finished grammar allows only the end
             bad("min_tokens cannot be combined with structured_outputs (the grammar says where the output ends)")
         if not all(isinstance(w, str) and w.strip() for w in self.bad_words):
-            bad(f"bad_words must be a list of non-empty strings, got {self.bad_words!r}")
+            bad(f"bad_words must be a list of non-empty strings, got {self.bad_words!r:.100}")
 
         def token_ids(name, value):
             value = list(value)
             if not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in value):
-                bad(f"{name} must be token ids (integers >= 0), got {value!r}")
+                bad(f"{name} must be token ids (integers >= 0), got {value!r:.100}")
             return value
 
         self.stop_token_ids = token_ids("stop_token_ids", self.stop_token_ids or [])
@@ -115,13 +115,13 @@ class SamplingParams:
                 bad("allowed_token_ids must name at least one token (or be None)")
         if self.logit_bias is not None:
             if not isinstance(self.logit_bias, dict):
-                bad(f"logit_bias must be a dict of token id -> bias, got {self.logit_bias!r}")
+                bad(f"logit_bias must be a dict of token id -> bias, got {self.logit_bias!r:.100}")
             try:  # JSON gives the ids as strings ("50256"), as OpenAI's API sends them
                 bias = {int(t): float(b) for t, b in self.logit_bias.items()}
             except (TypeError, ValueError):
-                bad(f"logit_bias must map token ids to numbers, got {self.logit_bias!r}")
+                bad(f"logit_bias must map token ids to numbers, got {self.logit_bias!r:.100}")
             if not all(t >= 0 and math.isfinite(b) for t, b in bias.items()):
-                bad(f"logit_bias must map token ids (>= 0) to finite numbers, got {self.logit_bias!r}")
+                bad(f"logit_bias must map token ids (>= 0) to finite numbers, got {self.logit_bias!r:.100}")
             self.logit_bias = {t: min(100.0, max(-100.0, b)) for t, b in bias.items()}  # vLLM's clamp
 
     @property

@@ -110,20 +110,27 @@ def compile_checked(ll: llguidance.LLTokenizer, spec: StructuredOutputsParams) -
     try:
         grammar = spec.grammar_text()
     except Exception as e:  # a JSON schema or grammar llguidance cannot read
-        raise ValueError(f"structured_outputs: {str(e)[:500]}") from None
+        raise ValueError(f"structured_outputs: {first_line(str(e))}") from None
     if len(grammar) > MAX_GRAMMAR_CHARS:
         raise ValueError(f"structured_outputs: the compiled grammar is {len(grammar):,} characters, over this "
                          f"engine's limit of {MAX_GRAMMAR_CHARS:,}")
     limits = llguidance.LLParserLimits(**LIMITS)
     error = llguidance.LLMatcher.validate_grammar(grammar, ll, limits=limits)
     matcher = None if error else llguidance.LLMatcher(ll, grammar, limits=limits, log_level=0)
-    if matcher is not None:  # its first mask, on a copy: some limits are only met there
-        first = matcher.deep_copy()
-        words = np.frombuffer(first.compute_bitmask(), dtype=np.int32)
-        error = first.get_error() if first.is_error() else "" if words.any() else "it allows no output at all"
+    # The first mask, then a request's copy's: some limits are only met there (a lexer's budget is shared)
+    for probe in (matcher, matcher.deep_copy()) if matcher is not None else ():
+        words = np.frombuffer(probe.compute_bitmask(), dtype=np.int32)
+        if probe.is_error() or not words.any():
+            error = f"llguidance refuses it at its first token: {probe.get_error() or 'no token may start it'}"
+            break
     if error:
-        raise ValueError(f"structured_outputs: {error[:500]}")
+        raise ValueError(f"structured_outputs: {first_line(error)}")
     return matcher
+
+
+def first_line(error: str) -> str:
+    """llguidance's error, short: its first line (the rest can quote the whole grammar)."""
+    return error.strip().split("\n")[0][:300]
 
 
 def allowed_tokens(matchers: list, tokenizer, vocab_size: int) -> torch.Tensor:

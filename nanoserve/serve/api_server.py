@@ -3,42 +3,59 @@
 
 """An OpenAI-compatible HTTP server over the async engine (FastAPI + uvicorn), like `vllm serve`.
 
-    GET  /health               200 while the engine loop runs
-    GET  /metrics              Prometheus text (nanoserve:num_requests_running, ...)
+    GET  /health               200 while the engine loop runs (and /ping, vLLM's other name)
+    GET  /version, /metrics    the version; Prometheus text (nanoserve:num_requests_running, ...)
     GET  /v1/models            the one model served
     POST /v1/completions       a prompt (text or token ids) -> text; stream: true for server-sent events
     POST /v1/chat/completions  messages, through the model's chat template -> a message
+    POST /tokenize, /detokenize; GET /tokenizer_info   vLLM's tokenizer routes
+
+With an API key, every route but /health, /ping, /version and /metrics needs it.
 
 Faults, every one answered with OpenAI's error JSON: a bad request gets HTTP 400 naming the parameter and
-changes nothing else (limits: n <= 128, log-probs <= the LLM's max_logprobs, a body <= 8 MiB by default);
-without the API key, 401 before the body is read; a full server 503; a request the engine fails 500 (a
-stream: a final error event), while the others go on. A client that goes away mid-stream aborts its
-request. SIGINT/SIGTERM: the listener closes, requests in flight end with a final error event, and the
-process exits 0.
+changes nothing else (limits: n <= 128, log-probs <= the LLM's max_logprobs, a body <= 8 MiB by default,
+a constraint compiled within GRAMMAR_SECONDS, a request's own template rendered within chat_template's
+budgets); without the API key, 401 before the body is read; a full server 503; a request the engine fails
+500 (a stream: a final error event), while the others go on. A client that goes away aborts its request.
+SIGINT/SIGTERM: the listener closes, requests in flight end with a final error event, template workers are
+killed, and the process exits 0.
 """
 import asyncio
+import logging
 import secrets
 import signal
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 
 import uvicorn
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from jinja2 import TemplateError
 from starlette.exceptions import HTTPException
 
 from nanoserve import __version__
-from nanoserve.engine.structured_outputs import grammar_matcher
+from nanoserve.engine.request import prepare
+from nanoserve.engine.sampling_params import InvalidParameter
 from nanoserve.serve.async_engine import AsyncEngine, EngineStopped, QueueFull, RequestFailed, RequestStream
+from nanoserve.serve.chat_template import TemplateRefused, TemplateWorkers, check_variables, render
 from nanoserve.serve.metrics import ServerMetrics
-from nanoserve.serve.protocol import BadRequest, ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest, chat_logprobs, chat_response, check_limits, chunk, completion_logprobs, completion_response, conversation, error_body, new_id, parse_body, parse_tool_calls, prompt_logprobs_json, sampling_params, sse, structured_output_spec, tool_call_grammar, tool_choice, usage
+from nanoserve.serve.protocol import BadRequest, ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest, chat_logprobs, chat_response, check_limits, chunk, completion_logprobs, completion_response, conversation, error_body, new_id, parse_body, parse_tool_calls, prompt_logprobs_json, sampling_params, sse, structured_output_spec, tool_call_grammar, tool_call_tokens, tool_choice, usage
 
 MAX_BODY_BYTES = 8 * 2**20  # 8 MiB: a prompt that fits max_model_len is far smaller, as text or as token ids
+OPEN_ROUTES = {"/health", "/ping", "/version", "/metrics"}  # what answers without the API key: no request's text
+GRAMMAR_SECONDS = 10.0  # the most a request's constraint may take to compile and give its first mask
+GRAMMAR_THREADS = 4  # threads that compile constraints: no other work waits for them
+
+
+logger = logging.getLogger("nanoserve.serve")
 
 
 class ModelNotFound(LookupError):
     pass
+
+
+class ClientGone(Exception):
+    """The client of a request that is not streamed went away before its answer: nobody to answer."""
 
 
 def error_response(status: int, type_: str, message: str, param: str | None = None, headers=None) -> JSONResponse:
@@ -47,8 +64,8 @@ def error_response(status: int, type_: str, message: str, param: str | None = No
 
 class GuardV1:
     """ASGI middleware in front of every route; it runs before FastAPI reads anything. With an API key, a
-    /v1 request without it gets 401 before its body is looked at (the other routes, /tokenize say, are open,
-    as vLLM's are). Any POST body is read up to max_body_bytes
+    request without it gets 401 before its body is looked at, on every route that does work on a request
+    (/tokenize too: it renders chat templates), all but OPEN_ROUTES. Any POST body is read up to max_body_bytes
     (beyond: 400, and the rest is never stored) and checked by parse_body (400 for invalid UTF-8 or JSON,
     deep nesting, text that is not valid Unicode). Then the body goes on to FastAPI unchanged, which parses
     it once more into the endpoint's model (C json and pydantic-core: milliseconds at this size)."""
@@ -65,7 +82,7 @@ class GuardV1:
             return error_response(status, type_, message, param)(scope, receive, send)
 
         given = dict(scope["headers"]).get(b"authorization", b"")
-        guarded = (scope["path"] + "/").startswith("/v1/")
+        guarded = scope["path"] not in OPEN_ROUTES
         if guarded and self.authorization is not None and not secrets.compare_digest(given, self.authorization):
             return await reply(401, "authentication_error", "invalid or missing API key")
         if scope["method"] != "POST":
@@ -100,18 +117,25 @@ class GuardV1:
 def build_app(llm, model_name: str, max_waiting_requests: int = 256, api_key: str | None = None,
               max_body_bytes: int = MAX_BODY_BYTES, trust_request_chat_template: bool = False) -> FastAPI:
     """The app for one loaded LLM. Its AsyncEngine starts with the server's event loop (lifespan).
-    trust_request_chat_template: a chat request may bring its own template (vLLM's flag of that name;
-    transformers renders templates in a sandboxed Jinja environment)."""
+    trust_request_chat_template: a chat request may bring its own template (vLLM's flag of that name), which
+    is rendered in a worker process with a time, memory and size budget (chat_template.TemplateWorkers)."""
     metrics = ServerMetrics(model_name)
     tokenizer = llm.tokenizer
     max_logprobs = getattr(llm, "max_logprobs", 20)  # the LLM's cap (vLLM's default: 20)
     sampling_defaults = getattr(llm, "sampling_defaults", {})  # generation_config.json's, for fields left out
+    tool_tokens = tool_call_tokens(tokenizer)  # looked up once: the vocabulary is a fresh dict at every call
+    template_workers = TemplateWorkers()
+    grammar_threads = ThreadPoolExecutor(GRAMMAR_THREADS, thread_name_prefix="nanoserve-grammar")
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         app.state.engine = AsyncEngine(llm, max_waiting_requests, metrics)
-        yield
-        await app.state.engine.close()
+        try:
+            yield
+        finally:
+            await template_workers.close()
+            grammar_threads.shutdown(wait=False, cancel_futures=True)
+            await app.state.engine.close()
 
     app = FastAPI(title="nanoserve", lifespan=lifespan)
     app.add_middleware(GuardV1, api_key=api_key, max_body_bytes=max_body_bytes)  # the API key, the body's checks
@@ -163,44 +187,64 @@ def build_app(llm, model_name: str, max_waiting_requests: int = 256, api_key: st
         if name is not None and name != model_name:
             raise ModelNotFound(f"model {name!r} is not served here; this server serves {model_name!r}")
 
-    def chat_prompt(turns: list[dict], body) -> list[int]:
-        """The turns through the model's chat template, as token ids (Qwen3's thinking off unless the
-        request's chat_template_kwargs say otherwise)."""
+    async def chat_prompt(turns: list[dict], body) -> list[int]:
+        """The turns through the chat template, as token ids (Qwen3's thinking off unless the request's
+        chat_template_kwargs say otherwise). The request's variables reach the template as variables only;
+        the model's template renders in a thread, a request's own in a worker process (TemplateWorkers)."""
+        if not turns:
+            raise BadRequest("messages must not be empty", "messages")
         if body.continue_final_message and body.add_generation_prompt:
             raise BadRequest("continue_final_message needs add_generation_prompt: false", "continue_final_message")
         if body.continue_final_message and turns[-1]["role"] != "assistant":
             raise BadRequest("continue_final_message continues an assistant message: the last message must be one",
                              "continue_final_message")
-        kwargs = {"enable_thinking": False, **(body.chat_template_kwargs or {})}
-        if getattr(body, "chat_template", None) is not None:
-            if not trust_request_chat_template:
-                raise BadRequest("chat_template: a request's own template needs the server's "
-                                 "--trust-request-chat-template (the model's template is used otherwise)", "chat_template")
-            kwargs["chat_template"] = body.chat_template
-        if getattr(body, "tools", None):  # the template describes them to the model (Qwen3: in the system turn)
-            kwargs["tools"] = body.tools
+        variables = {"enable_thinking": False, **(body.chat_template_kwargs or {})}
+        own = getattr(body, "chat_template", None)
+        if own is not None and not trust_request_chat_template:
+            raise BadRequest("chat_template: a request's own template needs the server's "
+                             "--trust-request-chat-template (the model's template is used otherwise)", "chat_template")
+        tools = getattr(body, "tools", None) or None  # the template describes them (Qwen3: in the system turn)
+        job = dict(turns=turns, tools=tools, add_generation_prompt=body.add_generation_prompt,
+                   continue_final_message=body.continue_final_message, variables=variables,
+                   special_tokens=tokenizer.special_tokens_map)
         try:
-            ids = tokenizer.apply_chat_template(turns, add_generation_prompt=body.add_generation_prompt,
-                                                continue_final_message=body.continue_final_message, tokenize=True,
-                                                **kwargs)
-        except TemplateError as e:  # the template refuses these messages (some want a user turn, say)
-            raise BadRequest(f"the chat template rejects these messages: {e}", "messages") from None
-        return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+            check_variables(variables)
+            if own is not None:
+                text = await template_workers.render(template=own, **job)
+            else:
+                text = await asyncio.to_thread(render, tokenizer.get_chat_template(None, tools), **job)
+        except TemplateRefused as e:
+            raise BadRequest(str(e), str(e).split(":")[0]) from None
+        except Exception as e:  # the model's template refuses these messages (some want a user turn, say)
+            raise BadRequest(f"the chat template rejects these messages: {type(e).__name__}: {str(e)[:300]}",
+                             "messages") from None
+        return await asyncio.to_thread(tokenizer.encode, text, add_special_tokens=False)
 
-    async def compile_grammar(body, params) -> None:
-        """A structured output's grammar is compiled in a thread (the first one also builds llguidance's view
-        of the vocabulary, about a second); one that does not compile is this request's 400."""
-        if params.structured_outputs is not None:
-            try:
-                await asyncio.to_thread(grammar_matcher, tokenizer, params.structured_outputs)
-            except ValueError as e:
-                raise BadRequest(str(e), structured_output_spec(body)[0]) from None
+    async def prepare_request(params, field: str | None) -> None:
+        """Compile the request's constraint and check its first mask, tokenise its bad words (lesson 02's
+        prepare), in a thread of grammar_threads and within GRAMMAR_SECONDS: the step loop then admits it
+        without any of that work. What fails is this request's 400, naming the field that asked."""
+        if params.structured_outputs is None and not params.bad_words:
+            return
+        loop = asyncio.get_running_loop()
+        try:
+            await asyncio.wait_for(loop.run_in_executor(grammar_threads, prepare, params, tokenizer),
+                                   GRAMMAR_SECONDS)
+        except asyncio.TimeoutError:
+            logger.warning("a request's %s did not compile within %g s", field, GRAMMAR_SECONDS)
+            raise BadRequest(f"{field}: the constraint did not compile within {GRAMMAR_SECONDS:g} s", field) from None
+        except ValueError as e:  # lesson 02's InvalidParameter: structured_outputs is the request's `field`
+            param = getattr(e, "param", "structured_outputs")
+            if param == "structured_outputs" and field is not None:
+                param, e = field, f"{field}: {str(e).removeprefix('structured_outputs: ')}"
+            logger.info("a request's %s was refused: %.200s", param, e)
+            raise BadRequest(str(e), param) from None
 
     async def start(request: Request, prompt_ids: list[int], params, stream_text: bool) -> RequestStream:
         try:
             return await engine(request).add_request(prompt_ids, params, stream_text)
         except ValueError as e:  # the engine's own checks: a prompt too long for max_model_len, ...
-            raise BadRequest(str(e), "prompt") from None
+            raise BadRequest(str(e), e.param if isinstance(e, InvalidParameter) else "prompt") from None
 
     async def wait_for_all(stream: RequestStream, request: Request) -> None:
         """Wait for a request that is not streamed; if its client goes away meanwhile, abort it. (A stream
@@ -215,6 +259,7 @@ def build_app(llm, model_name: str, max_waiting_requests: int = 256, api_key: st
                 await asyncio.wait({done}, timeout=0.5)
                 if not done.done() and await request.is_disconnected():
                     done.cancel()
+                    raise ClientGone()
             await done
         finally:
             stream.abort()  # finished: nothing to do; otherwise nothing more is computed for it
@@ -306,8 +351,8 @@ def build_app(llm, model_name: str, max_waiting_requests: int = 256, api_key: st
         if body.prompt is not None:
             ids = await asyncio.to_thread(tokenizer.encode, body.prompt, add_special_tokens=body.add_special_tokens)
         else:
-            ids = await asyncio.to_thread(chat_prompt, conversation(body.messages), body)
-        strs = tokenizer.convert_ids_to_tokens(ids) if body.return_token_strs else None
+            ids = await chat_prompt(conversation(body.messages), body)
+        strs = await asyncio.to_thread(tokenizer.convert_ids_to_tokens, ids) if body.return_token_strs else None
         return {"count": len(ids), "max_model_len": llm.max_model_len, "tokens": ids, "token_strs": strs}
 
     @app.get("/tokenizer_info")
@@ -346,7 +391,8 @@ def build_app(llm, model_name: str, max_waiting_requests: int = 256, api_key: st
                                  defaults=sampling_defaults)
         if body.echo and body.logprobs is not None:  # the echoed prompt's tokens come with their log-probs
             params = params.clone(prompt_logprobs=max(body.logprobs, params.prompt_logprobs or 0))
-        await compile_grammar(body, params)
+        spec = structured_output_spec(body)
+        await prepare_request(params, spec[0] if spec else None)
         streams, texts = [], []
         try:
             for prompt in prompts:  # seconds for a long prompt: encoded in a thread, as other streams go on
@@ -359,13 +405,21 @@ def build_app(llm, model_name: str, max_waiting_requests: int = 256, api_key: st
                 return streaming(events(streams, request_id, False, include_usage))
             for stream in streams:
                 await wait_for_all(stream, request)
+        except ClientGone:  # nobody to answer: the requests are aborted, and nothing is logged
+            for stream in streams:
+                stream.abort()
+            return Response(status_code=499)
         except BaseException:  # one prompt refused, or the client gone: the batch's other requests end too
             for stream in streams:
                 stream.abort()
             raise
+        return await asyncio.to_thread(completion_json, body, request_id, streams, texts)  # decodes: not here
+
+    def completion_json(body, request_id: str, streams: list[RequestStream], texts: list) -> dict:
         choices = []
         for i, (stream, text) in enumerate(zip(streams, texts)):  # OpenAI's order: prompt by prompt, n choices each
             scored = stream.seqs[0].prompt_logprobs  # the request's first completion scores the prompt
+            scored_json = prompt_logprobs_json(tokenizer, scored if body.prompt_logprobs is not None else None)
             for seq in sorted(stream.seqs, key=lambda s: s.index):
                 out = seq.completion()
                 ids, steps, echoed = out.token_ids, seq.logprobs, ""
@@ -375,8 +429,7 @@ def build_app(llm, model_name: str, max_waiting_requests: int = 256, api_key: st
                 logprobs = completion_logprobs(tokenizer, ids, steps) if steps is not None else None
                 choices.append({"index": i * body.n + seq.index, "text": echoed + out.text, "logprobs": logprobs,
                                 "finish_reason": out.finish_reason, "stop_reason": out.stop_reason,
-                                "prompt_logprobs": prompt_logprobs_json(tokenizer, scored if body.prompt_logprobs
-                                                                        is not None else None)})
+                                "prompt_logprobs": scored_json})
         generated = sum(len(s.output_ids) for stream in streams for s in stream.seqs)
         return completion_response(request_id, model_name, choices, sum(len(s.prompt_ids) for s in streams), generated)
 
@@ -389,10 +442,10 @@ def build_app(llm, model_name: str, max_waiting_requests: int = 256, api_key: st
         top = body.top_logprobs or 0
         if body.top_logprobs is not None and not body.logprobs:
             raise BadRequest("top_logprobs needs logprobs: true", "top_logprobs")
-        tools = tool_choice(body, tokenizer)  # None (no tools), "none", "auto", "required" or a tool's name
+        tools = tool_choice(body, tool_tokens)  # None (no tools), "none", "auto", "required" or a tool's name
         if body.stream and tools not in (None, "none"):
             raise BadRequest("tools cannot be streamed yet (the calls are parsed from the whole answer)", "tools")
-        prompt_ids = await asyncio.to_thread(chat_prompt, conversation(body.messages), body)  # renders and tokenises: in a thread
+        prompt_ids = await chat_prompt(conversation(body.messages), body)
         max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
         params = sampling_params(body, max_tokens, top if body.logprobs else None,
                                  default_max_tokens=None,  # None: what max_model_len leaves (the engine's)
@@ -401,14 +454,21 @@ def build_app(llm, model_name: str, max_waiting_requests: int = 256, api_key: st
             if params.structured_outputs is not None:
                 raise BadRequest("tool_choice required or named cannot be combined with a structured output",
                                  "tool_choice")
-            params = params.clone(structured_outputs=tool_call_grammar(body, tools, tokenizer))
-        await compile_grammar(body, params)
+            params = params.clone(structured_outputs=tool_call_grammar(body, tools, tool_tokens))
+        spec = structured_output_spec(body)
+        await prepare_request(params, "tools" if tools not in (None, "none", "auto") else spec[0] if spec else None)
         stream = await start(request, prompt_ids, params, stream_text=body.stream)
         request_id = f"chatcmpl-{body.request_id}" if body.request_id else new_id("chatcmpl")
         if body.stream:
             include_usage = body.stream_options is not None and body.stream_options.include_usage
             return streaming(events([stream], request_id, True, include_usage))
-        await wait_for_all(stream, request)
+        try:
+            await wait_for_all(stream, request)
+        except ClientGone:
+            return Response(status_code=499)
+        return await asyncio.to_thread(chat_json, body, request_id, stream, tools, top)
+
+    def chat_json(body, request_id: str, stream: RequestStream, tools: str | None, top: int) -> dict:
         choices = []
         for seq in sorted(stream.seqs, key=lambda s: s.index):
             out = seq.completion()

@@ -216,6 +216,8 @@ def parse_body(raw: bytes) -> dict:
         raise BadRequest(f"the request body is not valid JSON: {e.msg} (line {e.lineno}, column {e.colno})") from None
     except RecursionError:  # nested deeper than the parser's stack
         raise BadRequest(f"the request body nests deeper than {MAX_JSON_DEPTH} levels") from None
+    except ValueError as e:  # an integer of thousands of digits, which Python refuses to parse
+        raise BadRequest(f"the request body is not valid JSON here: {str(e)[:200]}") from None
     if not isinstance(data, dict):
         raise BadRequest("the request body must be a JSON object")
     for field, value in data.items():
@@ -294,27 +296,37 @@ def message_text(message: ChatMessage) -> str:
 TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)  # Qwen3's (Hermes') tool-call format
 
 
-def tool_choice(request: ChatCompletionRequest, tokenizer) -> str | None:
-    """Check the request's tools; returns "none", "auto", "required" or the forced tool's name (None: no tools)."""
-    if request.tools is None:
+def tool_call_tokens(tokenizer) -> tuple[int, int] | None:
+    """The ids of <tool_call> and </tool_call> (Qwen3's, Hermes' format), or None if the model has no such tokens."""
+    ids = tokenizer.convert_tokens_to_ids(["<tool_call>", "</tool_call>"])
+    known = all(isinstance(i, int) and i != tokenizer.unk_token_id for i in ids)
+    return tuple(ids) if known and tokenizer.convert_ids_to_tokens(ids) == ["<tool_call>", "</tool_call>"] else None
+
+
+def tool_choice(request: ChatCompletionRequest, tool_tokens: tuple[int, int] | None) -> str | None:
+    """Check the request's tools; returns "none", "auto", "required" or the forced tool's name (None: no tools,
+    an empty list included). tool_tokens: tool_call_tokens(tokenizer)."""
+    if not request.tools:
         if request.tool_choice not in (None, "none"):
-            raise BadRequest("tool_choice needs tools", "tool_choice")
+            raise BadRequest("tool_choice needs tools (at least one)", "tool_choice")
         return None
     names = []
     for tool in request.tools:
-        function = tool.get("function")
-        if tool.get("type") != "function" or not isinstance(function, dict) or not isinstance(function.get("name"), str) \
+        function = tool.get("function") if isinstance(tool, dict) else None
+        if not isinstance(function, dict) or tool.get("type") != "function" or not isinstance(function.get("name"), str) \
                 or not isinstance(function.get("parameters", {}), dict):
             raise BadRequest('each tool is {"type": "function", "function": {"name": str, "parameters": {...}}}', "tools")
         names.append(function["name"])
-    if "<tool_call>" not in tokenizer.get_vocab():
+    if tool_tokens is None:
         raise BadRequest("tools: this model has no <tool_call> token: nanoserve parses Qwen3's tool-call format only",
                          "tools")
     choice = request.tool_choice if request.tool_choice is not None else "auto"
     if isinstance(choice, dict):
-        choice = (choice.get("function") or {}).get("name") if choice.get("type") == "function" else None
-        if choice not in names:
-            raise BadRequest(f"tool_choice names no tool of this request (tools: {', '.join(names)})", "tool_choice")
+        function = choice.get("function")
+        choice = function.get("name") if choice.get("type") == "function" and isinstance(function, dict) else None
+        if not isinstance(choice, str) or choice not in names:
+            raise BadRequest(f'tool_choice: {{"type": "function", "function": {{"name": ...}}}} naming a tool of this '
+                             f'request (tools: {", ".join(names)[:200]})', "tool_choice")
         return choice
     if choice not in ("none", "auto", "required"):
         raise BadRequest('tool_choice: "none", "auto", "required" or {"type": "function", "function": {"name": ...}}',
@@ -322,7 +334,8 @@ def tool_choice(request: ChatCompletionRequest, tokenizer) -> str | None:
     return choice
 
 
-def tool_call_grammar(request: ChatCompletionRequest, choice: str, tokenizer) -> StructuredOutputsParams:
+def tool_call_grammar(request: ChatCompletionRequest, choice: str, tool_tokens: tuple[int, int]) \
+        -> StructuredOutputsParams:
     """tool_choice "required" or a named tool: the output is Qwen3's tool-call blocks, each a JSON object whose
     arguments follow that tool's parameters schema (one block if parallel_tool_calls is false)."""
     calls = [{"type": "object", "properties": {"name": {"const": f["name"]},
@@ -330,7 +343,7 @@ def tool_call_grammar(request: ChatCompletionRequest, choice: str, tokenizer) ->
               "required": ["name", "arguments"], "additionalProperties": False}
              for f in (t["function"] for t in request.tools) if choice == "required" or f["name"] == choice]
     schema = json.dumps({"anyOf": calls, "x-guidance": {"whitespace_flexible": False}})
-    start, end = (tokenizer.convert_tokens_to_ids(t) for t in ("<tool_call>", "</tool_call>"))  # special tokens
+    start, end = tool_tokens  # special tokens: named by id in the grammar
     more = "" if request.parallel_tool_calls is False else ' ("\\n" call)*'
     return StructuredOutputsParams(grammar=f'start: call{more}\ncall: <[{start}]> "\\n" %json {schema} "\\n" <[{end}]>')
 
