@@ -143,7 +143,7 @@ def test_a_rank_counts_the_likelier_tokens():
     gen = torch.Generator().manual_seed(0)
     logits = torch.stack([torch.randperm(3000, generator=gen).float() / 100 for _ in range(5)])
     targets = torch.randint(0, 3000, (5,), generator=gen)
-    values, indices, chosen, ranks = (t.tolist() for t in score_rows(logits, targets, 4, chunk=2))
+    values, indices, chosen, ranks = (t.tolist() for t in score_rows(logits, targets, 4))
     for r in range(5):
         assert ranks[r] == 3000 - int(logits[r, targets[r]].item() * 100 + 0.5)  # values 0..29.99: the largest is rank 1
         entry = logprob_entry(values[r], indices[r], 4, targets[r].item(), chosen[r], ranks[r])

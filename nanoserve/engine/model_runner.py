@@ -14,6 +14,8 @@ from nanoserve.engine.logits_processors import process_logits
 from nanoserve.engine.sampler import Sampler
 from nanoserve.engine.scheduler import ScheduledBatch
 
+LOGIT_ROWS = 256  # the rows whose logits a step makes at a time (prompt_logprobs can ask for thousands)
+
 
 def prepare_inputs(batch: ScheduledBatch) -> list[tuple[int, int, list[int]]]:
     """The step as the metadata builder takes it: (seq_id, first new position, new token ids) for each
@@ -63,12 +65,12 @@ class ModelRunner:
         size = self.graphs.size_for(batch) if self.graphs is not None and not rows else None
         meta = self.builder.build(self.cache, step, batch.sampled, pad_to=size, feed=feed_rows(batch, step, feed),
                                   scored=rows)
-        logits = self.forward(meta, size, batch.copies, feed)
-        scored = None
+        scorer = None
         if rows:
             k = max(seq.params.prompt_logprobs for seq, _, _ in spans)
-            scored = spans, score_rows(logits[len(sampled):len(sampled) + len(rows)],
-                                       torch.tensor(targets, device=logits.device), k)
+            scorer = PromptScorer(len(sampled), targets, k)
+        logits = self.forward(meta, size, batch.copies, feed, scorer)
+        scored = (spans, scorer.scores) if rows else None
         logits = logits[:len(sampled)]
         if not sampled:
             return LaunchedStep(batch, None, None, None, None, scored)
@@ -80,7 +82,8 @@ class ModelRunner:
         host.copy_(tokens, non_blocking=True)
         return LaunchedStep(batch, tokens, host, logprobs, record_event(tokens), scored)
 
-    def forward(self, meta: StepMetadata, size: int | None, copies=(), feed: LaunchedStep | None = None) -> torch.Tensor:
+    def forward(self, meta: StepMetadata, size: int | None, copies=(), feed: LaunchedStep | None = None,
+                scorer=None) -> torch.Tensor:
         """Logits of the step's sampled rows (a graph's: of all its rows). The workers (lesson 07) are sent the
         same step first, and run it beside us."""
         if self.workers is not None:
@@ -94,18 +97,22 @@ class ModelRunner:
                 meta.input_ids[rows] = feed.tokens.index_select(0, src).to(meta.input_ids.dtype)
             if self.workers is not None:
                 self.workers.share_inputs(meta)
-            return self.compute(meta, size)
+            return self.compute(meta, size, scorer)
         except BaseException as e:
             if self.workers is not None:  # the ranks are out of step now (a death, an error, Ctrl-C)
                 self.workers.fail(e)
             raise
 
-    def compute(self, meta: StepMetadata, size: int | None) -> torch.Tensor:
-        """The forward itself, the same on every rank: a graph of `size` sequences replayed, or the model."""
+    def compute(self, meta: StepMetadata, size: int | None, scorer=None) -> torch.Tensor:
+        """The forward itself, the same on every rank: a graph of `size` sequences replayed, or the model. The
+        logits are made LOGIT_ROWS rows at a time: a long prompt scored for prompt_logprobs (scorer) never has
+        all its logits at once (4,000 rows of a 151,936-token vocabulary in float32 are 2.4 GB)."""
         if size is not None:
             return self.graphs.replay(size)
-        hidden = self.model(meta.input_ids, meta.positions, self.cache, meta)
-        return self.model.compute_logits(hidden[meta.sample_rows])
+        hidden = self.model(meta.input_ids, meta.positions, self.cache, meta)[meta.sample_rows]
+        chunks = (self.model.compute_logits(hidden[i:i + LOGIT_ROWS])
+                  for i in range(0, max(len(hidden), 1), LOGIT_ROWS))  # one chunk at least: maybe empty
+        return torch.cat(list(chunks)) if scorer is None else scorer.take(chunks)
 
     def collect(self, launched: LaunchedStep) -> tuple[list[int | None], list]:
         """Wait for a launched step; the token of each of its sequences (None: still prefilling), and
@@ -152,18 +159,38 @@ def scored_prompt_rows(batch: ScheduledBatch) -> tuple[list[int], list[int], lis
     return rows, targets, spans
 
 
-def score_rows(logits: torch.Tensor, targets: torch.Tensor, k: int, chunk: int = 1024) -> tuple:
+class PromptScorer:
+    """prompt_logprobs for one step: takes the step's logits chunk by chunk (ModelRunner.compute), keeps those of
+    the first num_sampled rows (the sampled ones), and scores the rest against the prompt tokens they predict.
+    scores: the device tensors of score_rows, for all the scored rows."""
+
+    def __init__(self, num_sampled: int, targets: list[int], k: int):
+        self.num_sampled, self.targets, self.k = num_sampled, targets, k
+        self.scores: tuple | None = None
+
+    def take(self, chunks) -> torch.Tensor:
+        kept, scores, at = [], [], 0  # at: the first row of the chunk
+        for logits in chunks:
+            n = len(logits)
+            cut = min(max(self.num_sampled - at, 0), n)  # the chunk's sampled rows come first
+            kept.append(logits[:cut])
+            if cut < n:
+                first = at + cut - self.num_sampled
+                targets = torch.tensor(self.targets[first:first + n - cut], device=logits.device)
+                scores.append(score_rows(logits[cut:], targets, self.k))
+            at += n
+        self.scores = tuple(torch.cat(parts) for parts in zip(*scores))
+        return torch.cat(kept)
+
+
+def score_rows(logits: torch.Tensor, targets: torch.Tensor, k: int) -> tuple:
     """On the device, for each row: its k likeliest tokens' log-probs, and its target token's log-prob and
     rank (1 + how many tokens were likelier), from the model's raw distribution (before temperature, top-k
-    and top-p, as vLLM returns them). A chunk of rows at a time: a long prompt's logits in float32 would be
-    gigabytes."""
-    out = []
-    for i in range(0, logits.shape[0], chunk):
-        logprobs = logits[i:i + chunk].float().log_softmax(dim=-1)
-        top = logprobs.topk(min(k, logprobs.shape[-1]), dim=-1)
-        chosen = logprobs.gather(1, targets[i:i + chunk, None])
-        out.append((top.values, top.indices, chosen[:, 0], (logprobs > chosen).sum(dim=-1) + 1))
-    return tuple(torch.cat(parts) for parts in zip(*out))
+    and top-p, as vLLM returns them)."""
+    logprobs = logits.float().log_softmax(dim=-1)
+    top = logprobs.topk(min(k, logprobs.shape[-1]), dim=-1)
+    chosen = logprobs.gather(1, targets[:, None])
+    return top.values, top.indices, chosen[:, 0], (logprobs > chosen).sum(dim=-1) + 1
 
 
 def logprob_entry(values: list[float], indices: list[int], k: int, token: int, chosen: float, rank: int) -> dict:
