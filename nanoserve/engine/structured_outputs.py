@@ -72,10 +72,13 @@ LIMITS = dict(verbose_errors=False)
 
 
 def ll_tokenizer(tokenizer) -> llguidance.LLTokenizer:
-    entry = _LL_TOKENIZERS.get(id(tokenizer))
-    if entry is None or entry[0] is not tokenizer:
-        import llguidance.hf  # imported when first used: it imports transformers
-        entry = _LL_TOKENIZERS[id(tokenizer)] = (tokenizer, llguidance.hf.from_tokenizer(tokenizer))
+    """llguidance's view of the vocabulary, built once per tokenizer: a second of Python that holds the GIL
+    (a server builds it as it starts, lesson 08, not while it serves)."""
+    with _LOCK:  # one thread builds it; the others wait for that one
+        entry = _LL_TOKENIZERS.get(id(tokenizer))
+        if entry is None or entry[0] is not tokenizer:
+            import llguidance.hf  # imported when first used: it imports transformers
+            entry = _LL_TOKENIZERS[id(tokenizer)] = (tokenizer, llguidance.hf.from_tokenizer(tokenizer))
     return entry[1]
 
 

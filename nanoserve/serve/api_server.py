@@ -36,6 +36,7 @@ from starlette.exceptions import HTTPException
 from nanoserve import __version__
 from nanoserve.engine.request import prepare
 from nanoserve.engine.sampling_params import InvalidParameter
+from nanoserve.engine.structured_outputs import ll_tokenizer
 from nanoserve.serve.async_engine import AsyncEngine, EngineStopped, QueueFull, RequestFailed, RequestStream
 from nanoserve.serve.chat_template import TemplateRefused, TemplateWorkers, check_variables, render
 from nanoserve.serve.metrics import ServerMetrics
@@ -129,6 +130,8 @@ def build_app(llm, model_name: str, max_waiting_requests: int = 256, api_key: st
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
+        if tokenizer is not None:  # llguidance's vocabulary now: built during a request, it would stall them all
+            await asyncio.to_thread(ll_tokenizer, tokenizer)
         app.state.engine = AsyncEngine(llm, max_waiting_requests, metrics)
         try:
             yield
@@ -138,6 +141,7 @@ def build_app(llm, model_name: str, max_waiting_requests: int = 256, api_key: st
             await app.state.engine.close()
 
     app = FastAPI(title="nanoserve", lifespan=lifespan)
+    app.state.template_workers = template_workers
     app.add_middleware(GuardV1, api_key=api_key, max_body_bytes=max_body_bytes)  # the API key, the body's checks
 
     # Errors, all in OpenAI's shape.

@@ -82,8 +82,10 @@ def worker_main() -> None:
     and the kernel ends it if a job outlives TEMPLATE_SECONDS by a second (SIGALRM's default action), so a
     worker whose server died cannot loop on."""
     import math
+    import os
     import signal
 
+    os.nice(10)  # the server's own threads (its event loop above all) come first on a busy machine
     render("{{ messages[0]['content'] }}", [{"role": "user", "content": ""}], None, False, False, {}, {})  # imports
     try:
         import resource
@@ -113,8 +115,9 @@ class TemplateWorkers:
     worker killed and replaced; a job that waits longer than that for a free worker is refused. Other requests
     never wait for these workers: only requests with a template of their own use them."""
 
-    def __init__(self, workers: int = TEMPLATE_WORKERS, seconds: float = TEMPLATE_SECONDS):
-        self.size, self.seconds = workers, seconds
+    def __init__(self, workers: int | None = None, seconds: float | None = None):
+        self.size = TEMPLATE_WORKERS if workers is None else workers
+        self.seconds = TEMPLATE_SECONDS if seconds is None else seconds
         self.idle: asyncio.Queue | None = None  # started at the first job, in the server's event loop
         self.running: set = set()
         self.closed = False

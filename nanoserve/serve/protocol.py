@@ -151,6 +151,7 @@ class ChatTemplateOptions(Strict):
     chat_template_kwargs: dict | None = None  # e.g. {"enable_thinking": true} for Qwen3 (off by default)
     add_generation_prompt: bool = True
     continue_final_message: bool = False  # the last (assistant) message is continued, not closed
+    chat_template: str | None = None  # the request's own template: only with --trust-request-chat-template
 
 
 class ChatCompletionRequest(SamplingRequest, ChatTemplateOptions):
@@ -168,7 +169,6 @@ class ChatCompletionRequest(SamplingRequest, ChatTemplateOptions):
     reasoning_effort: Any = None
     web_search_options: Any = None
     verbosity: Any = None
-    chat_template: str | None = None  # the request's own template: only with --trust-request-chat-template
     documents: Any = None
     moderation: Any = None
     echo: Any = None
