@@ -37,6 +37,8 @@ def server(llm):
     app = build_app(llm, MODEL, api_key="k", trust_request_chat_template=True)
     app.state.template_workers.seconds = 2.0  # this test's budget (the server's default is 5 s)
     with running(app) as url:
+        warm = post(url, "/v1/chat/completions", {"messages": HI, "max_tokens": 1, "chat_template": "x"})
+        assert warm.status_code == 200, warm.text  # the workers started (they import transformers first)
         yield url, app
 
 
@@ -123,7 +125,7 @@ def test_a_request_template_is_bounded_and_its_errors_are_400s(server, template)
     assert time.monotonic() - start < 10
     ok = post(url, "/v1/chat/completions", {"messages": HI, "max_tokens": 2,
                                             "chat_template": "<|im_start|>user\n{{ messages[0]['content'] }}"})
-    assert ok.status_code == 200  # the workers are still there (a killed one was replaced)
+    assert ok.status_code == 200, ok.text  # the workers are still there (a killed one was replaced)
 
 
 def test_the_server_keeps_serving_through_a_flood_of_hostile_requests(server, llm):
@@ -150,7 +152,8 @@ def test_the_server_keeps_serving_through_a_flood_of_hostile_requests(server, ll
     assert ok.status_code == 200 and time.monotonic() - start < 10
     for t in threads:
         t.join(60)
-    assert statistics.median(health) < 0.1 and max(health) < 1.0, health
+    # (100 ms on an idle machine; loose here for a loaded CI machine: before, /health stopped for 8-30 s)
+    assert statistics.median(health) < 0.5 and max(health) < 2.0, health
     assert all(r is None or r.status_code in (400, 503) for r in replies), [r.text[:100] for r in replies if r]
 
 
@@ -315,3 +318,18 @@ def test_json_of_every_template_error_is_well_formed(server):
     url, _ = server
     reply = post(url, "/tokenize", {"messages": HI, "chat_template": "{{ 1/0 }}"})
     assert reply.status_code == 400 and json.loads(reply.text)["error"]["param"] == "chat_template"
+
+
+def test_text_too_long_to_fit_is_refused_before_it_is_tokenised(server):
+    """A 7.5 MiB prompt cannot fit 512 tokens of a vocabulary whose longest token has 128 characters: refused
+    at once, naming it, while /health answers (the tokenizer would hold the GIL for long stretches)."""
+    url, _ = server
+    text = "hello world " * 655_360
+    for path, body, param in (("/tokenize", {"prompt": text, "return_token_strs": True}, "prompt"),
+                              ("/v1/completions", {"prompt": text, "max_tokens": 1}, "prompt"),
+                              ("/v1/chat/completions", {"messages": [{"role": "user", "content": text}]}, "messages")):
+        start = time.monotonic()
+        refused(post(url, path, body), param)
+        assert time.monotonic() - start < 5
+    ok = post(url, "/v1/completions", {"prompt": text, "max_tokens": 1, "truncate_prompt_tokens": 8})
+    assert ok.status_code == 200 and ok.json()["usage"]["prompt_tokens"] == 8

@@ -125,6 +125,9 @@ def build_app(llm, model_name: str, max_waiting_requests: int = 256, api_key: st
     max_logprobs = getattr(llm, "max_logprobs", 20)  # the LLM's cap (vLLM's default: 20)
     sampling_defaults = getattr(llm, "sampling_defaults", {})  # generation_config.json's, for fields left out
     tool_tokens = tool_call_tokens(tokenizer)  # looked up once: the vocabulary is a fresh dict at every call
+    # No token is longer than this, so a longer text cannot fit max_model_len tokens: refused without encoding
+    # it (the tokenizer holds the GIL for up to half a second at a time on megabytes of text)
+    most_chars = llm.max_model_len * max(map(len, tokenizer.get_vocab())) if tokenizer is not None else None
     template_workers = TemplateWorkers()
     grammar_threads = ThreadPoolExecutor(GRAMMAR_THREADS, thread_name_prefix="nanoserve-grammar")
 
@@ -222,7 +225,13 @@ def build_app(llm, model_name: str, max_waiting_requests: int = 256, api_key: st
         except Exception as e:  # the model's template refuses these messages (some want a user turn, say)
             raise BadRequest(f"the chat template rejects these messages: {type(e).__name__}: {str(e)[:300]}",
                              "messages") from None
-        return await asyncio.to_thread(tokenizer.encode, text, add_special_tokens=False)
+        return await encode(text, "messages", add_special_tokens=False)
+
+    async def encode(text: str, param: str, bound: bool = True, **options) -> list[int]:
+        if bound and most_chars is not None and len(text) > most_chars:
+            raise BadRequest(f"{param}: {len(text):,} characters cannot fit max_model_len {llm.max_model_len} tokens "
+                             f"(no token of this model is longer than {most_chars // llm.max_model_len})", param)
+        return await asyncio.to_thread(tokenizer.encode, text, **options)
 
     async def prepare_request(params, field: str | None) -> None:
         """Compile the request's constraint and check its first mask, tokenise its bad words (lesson 02's
@@ -353,7 +362,7 @@ def build_app(llm, model_name: str, max_waiting_requests: int = 256, api_key: st
         if (body.prompt is None) == (body.messages is None):
             raise BadRequest("give a prompt or messages (one of them)", "prompt")
         if body.prompt is not None:
-            ids = await asyncio.to_thread(tokenizer.encode, body.prompt, add_special_tokens=body.add_special_tokens)
+            ids = await encode(body.prompt, "prompt", add_special_tokens=body.add_special_tokens)
         else:
             ids = await chat_prompt(conversation(body.messages), body)
         strs = await asyncio.to_thread(tokenizer.convert_ids_to_tokens, ids) if body.return_token_strs else None
@@ -400,7 +409,10 @@ def build_app(llm, model_name: str, max_waiting_requests: int = 256, api_key: st
         streams, texts = [], []
         try:
             for prompt in prompts:  # seconds for a long prompt: encoded in a thread, as other streams go on
-                ids = await asyncio.to_thread(tokenizer.encode, prompt) if isinstance(prompt, str) else prompt
+                if isinstance(prompt, str):  # (truncate_prompt_tokens keeps the end of a prompt of any length)
+                    ids = await encode(prompt, "prompt", bound=body.truncate_prompt_tokens is None)
+                else:
+                    ids = prompt
                 texts.append(prompt if isinstance(prompt, str) else None)
                 streams.append(await start(request, ids, params, stream_text=body.stream))
             request_id = f"cmpl-{body.request_id}" if body.request_id else new_id("cmpl")  # vLLM's request_id

@@ -95,6 +95,7 @@ def worker_main() -> None:
         resource.setrlimit(resource.RLIMIT_AS, (held + TEMPLATE_MEMORY, held + TEMPLATE_MEMORY))
     except (ImportError, OSError, StopIteration, ValueError):
         pass  # no such limit here (not Linux): the time limit still holds
+    print(json.dumps({"ready": True}), flush=True)  # a job's time counts from here, not from its imports
     for line in sys.stdin:
         signal.alarm(math.ceil(TEMPLATE_SECONDS) + 1)
         try:
@@ -129,6 +130,13 @@ class TemplateWorkers:
             sys.executable, "-c", "from nanoserve.serve.chat_template import worker_main; worker_main()",
             stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, limit=8 * TEMPLATE_MAX_CHARS)
         self.running.add(proc)
+        try:  # its imports take a second or so; a busy machine may take longer
+            ready = await asyncio.wait_for(proc.stdout.readline(), 120)
+        except asyncio.TimeoutError:
+            ready = b""
+        if ready.strip() != b'{"ready": true}':
+            await self._reap(proc)
+            raise RuntimeError("a template worker process did not start")
         self.idle.put_nowait(proc)
 
     async def render(self, **job) -> str:
@@ -158,10 +166,7 @@ class TemplateWorkers:
             if line:
                 self.idle.put_nowait(proc)
             else:  # killed and replaced, whatever ended the wait: its job must not answer the next one
-                self.running.discard(proc)
-                if proc.returncode is None:
-                    proc.kill()
-                asyncio.ensure_future(proc.wait())
+                asyncio.ensure_future(self._reap(proc))
                 asyncio.ensure_future(self._start())
         if not line:
             raise TemplateRefused("chat_template: the template's worker failed (too much memory, or text)")
@@ -171,11 +176,17 @@ class TemplateWorkers:
             raise TemplateRefused(message if message.startswith("chat_template") else f"chat_template: {message}")
         return answer["text"]
 
+    async def _reap(self, proc) -> None:
+        if proc.returncode is None:
+            proc.kill()
+        await proc.wait()
+        self.running.discard(proc)
+
     async def close(self) -> None:
         """Kill every worker: a server that stops does not wait for a template."""
         self.closed = True
         for proc in self.running:
             if proc.returncode is None:
                 proc.kill()
-        await asyncio.gather(*(proc.wait() for proc in self.running), return_exceptions=True)
+        await asyncio.gather(*(proc.wait() for proc in list(self.running)), return_exceptions=True)
         self.running.clear()
