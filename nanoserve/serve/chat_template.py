@@ -105,7 +105,8 @@ def worker_main() -> None:
         except RecursionError:
             answer = {"error": "the template recurses too deeply"}
         except Exception as e:  # any error of the template's: its type and the start of its message
-            answer = {"error": str(e)[:300] if isinstance(e, TemplateRefused) else f"{type(e).__name__}: {str(e)[:300]}"}
+            named = isinstance(e, TemplateRefused)  # ours says what it is; another error says its type
+            answer = {"error": str(e)[:300] if named else f"{type(e).__name__}: {str(e)[:300]}"}
         signal.alarm(0)
         sys.stdout.write(json.dumps(answer, ensure_ascii=False) + "\n")
         sys.stdout.flush()

@@ -313,8 +313,8 @@ def tool_choice(request: ChatCompletionRequest, tool_tokens: tuple[int, int] | N
     names = []
     for tool in request.tools:
         function = tool.get("function") if isinstance(tool, dict) else None
-        if not isinstance(function, dict) or tool.get("type") != "function" or not isinstance(function.get("name"), str) \
-                or not isinstance(function.get("parameters", {}), dict):
+        if not isinstance(function, dict) or tool.get("type") != "function" \
+                or not isinstance(function.get("name"), str) or not isinstance(function.get("parameters", {}), dict):
             raise BadRequest('each tool is {"type": "function", "function": {"name": str, "parameters": {...}}}', "tools")
         names.append(function["name"])
     if tool_tokens is None:
