@@ -6,7 +6,8 @@
 - constraints that leave no token end their own request with an error; token ids beyond the vocabulary are
   refused with .param naming the field.
 
-    python bench/gpu_request_safety.py OUT.json
+    python bench/gpu_request_safety.py OUT.json      (DTYPE=float32: bystanders' tokens must match exactly;
+                                                    in bf16 a different batch may round differently)
 """
 import json
 import os
@@ -21,7 +22,7 @@ MODEL = os.environ.get("NANOSERVE_MODEL", "qwen3-0.6b-random")
 
 def main(out_path: str) -> None:
     out = {}
-    llm = LLM(MODEL, max_model_len=2048)
+    llm = LLM(MODEL, max_model_len=2048, dtype=os.environ.get("DTYPE", "auto"))  # float32: batch-invariant
     prompt = list(range(1000, 1600))
     scored = SamplingParams(max_tokens=4, temperature=0, prompt_logprobs=3)
     whole = llm.generate([prompt], scored, use_tqdm=False)[0]
