@@ -336,3 +336,23 @@ def test_text_too_long_to_fit_is_refused_before_it_is_tokenised(server):
         assert time.monotonic() - start < 5
     ok = post(url, "/v1/completions", {"prompt": text, "max_tokens": 1, "truncate_prompt_tokens": 8})
     assert ok.status_code == 200 and ok.json()["usage"]["prompt_tokens"] == 8
+
+
+def test_prompt_scorer_scores_each_chunk_and_keeps_none_of_them_alive():
+    """The scorer gives what one log_softmax over all the rows gives, and what it returns (the sampled rows)
+    holds only those rows' memory: a view would keep a whole chunk, thousands of vocab-wide rows, alive."""
+    import torch
+
+    from nanoserve.engine.model_runner import PromptScorer
+
+    torch.manual_seed(0)
+    logits = torch.randn(12, 50)
+    targets = torch.randint(0, 50, (10,)).tolist()
+    scorer = PromptScorer(2, targets, 3)
+    kept = scorer.take(iter(logits.split(4)))
+    assert torch.equal(kept, logits[:2]) and kept.untyped_storage().nbytes() == 2 * 50 * 4
+    logprobs = logits[2:].log_softmax(dim=-1)
+    values, indices, chosen, ranks = scorer.scores
+    assert torch.allclose(values, logprobs.topk(3).values) and torch.equal(indices, logprobs.topk(3).indices)
+    assert torch.allclose(chosen, logprobs[torch.arange(10), targets])
+    assert torch.equal(ranks, (logprobs > chosen[:, None]).sum(-1) + 1)

@@ -173,7 +173,8 @@ class PromptScorer:
         for logits in chunks:
             n = len(logits)
             cut = min(max(self.num_sampled - at, 0), n)  # the chunk's sampled rows come first
-            kept.append(logits[:cut])
+            # copied out, not a view: a view of even no rows would keep the whole chunk's memory alive
+            kept.append(logits[:cut].clone() if cut < n else logits)
             if cut < n:
                 first = at + cut - self.num_sampled
                 targets = torch.tensor(self.targets[first:first + n - cut], device=logits.device)
