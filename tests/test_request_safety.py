@@ -356,3 +356,12 @@ def test_prompt_scorer_scores_each_chunk_and_keeps_none_of_them_alive():
     assert torch.allclose(values, logprobs.topk(3).values) and torch.equal(indices, logprobs.topk(3).indices)
     assert torch.allclose(chosen, logprobs[torch.arange(10), targets])
     assert torch.equal(ranks, (logprobs > chosen[:, None]).sum(-1) + 1)
+
+
+def test_llm_chat_refuses_renderer_keywords_in_chat_template_kwargs(llm):
+    for name in ("chat_template", "tokenize", "padding", "max_length", "messages"):
+        with pytest.raises(ValueError, match=f"chat_template_kwargs: {name}"):
+            llm.chat(HI, SamplingParams(max_tokens=1), chat_template_kwargs={name: 1}, use_tqdm=False)
+    thinking = llm.chat(HI, SamplingParams(max_tokens=1), chat_template_kwargs={"enable_thinking": True},
+                        use_tqdm=False)[0]
+    assert thinking.prompt_token_ids != llm.chat(HI, SamplingParams(max_tokens=1), use_tqdm=False)[0].prompt_token_ids

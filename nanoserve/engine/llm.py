@@ -4,6 +4,7 @@
 """The public API, named as in vLLM: LLM(model).generate(prompts, SamplingParams(...)) -> RequestOutputs."""
 import gc
 import importlib
+import inspect
 import json
 import time
 from collections import deque
@@ -525,6 +526,10 @@ class LLM:
         if continue_final_message and add_generation_prompt:
             raise ValueError("continue_final_message needs add_generation_prompt=False")
         conversations = [messages] if isinstance(messages[0], dict) else list(messages)
+        renderer = inspect.signature(self.tokenizer.apply_chat_template).parameters  # its own keywords
+        own = sorted(k for k in chat_template_kwargs or {} if k in renderer or k in ("messages", "documents"))
+        if own:  # chat_template_kwargs are the template's variables; these have arguments of their own here
+            raise ValueError(f"chat_template_kwargs: {', '.join(own)} is not a template variable")
         encoded = []
         for i, conversation in enumerate(conversations):
             if not isinstance(conversation, (list, tuple)) or not conversation or not all(
