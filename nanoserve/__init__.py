@@ -9,7 +9,7 @@ __version__ = "0.1.0"
 
 PUBLIC = {"LLM": "nanoserve.engine.llm", "EngineArgs": "nanoserve.engine.llm", "EngineParts": "nanoserve.engine.llm",
           "SamplingParams": "nanoserve.engine.sampling_params",
-          "StructuredOutputsParams": "nanoserve.engine.structured_outputs"}
+          "StructuredOutputsParams": "nanoserve.engine.sampling_params"}
 
 
 def __getattr__(name):

@@ -3,17 +3,22 @@
 The workload is nano-vllm's bench: random.seed(0); 256 requests; prompts of randint(100, 1024) random
 token ids in [0, 10000); max_tokens randint(100, 1024); temperature 0.6; ignore_eos; max_model_len 4096;
 one warm-up call; throughput = output tokens / wall time.
+
+`nanoserve bench --features`: what each sampling feature (log-probs, penalties, logit edits, structured
+outputs) costs: the workload's throughput when every request asks for one, against the plain workload.
 """
 import contextlib
 import dataclasses
 import json
 import random
+import statistics
 import sys
 import time
 
 import torch
 
 from nanoserve.engine.sampling_params import SamplingParams
+from nanoserve.engine.sampling_params import StructuredOutputsParams
 
 
 def workload(num_seqs: int = 256, max_input_len: int = 1024, max_output_len: int = 1024, seed: int = 0):
@@ -225,12 +230,19 @@ def profile_decode(llm, prompts, num_steps: int = 20) -> dict:
     return {"batch": len(prompts), **result}
 
 
-def main(model: str, baseline: bool, out: str | None, num_seqs: int, profile: bool = False,
-         ladder: bool = False, tensor_parallel_size: int = 1, custom_all_reduce: bool = False,
-         kv_cache_dtype: str = "auto") -> int:
+def refused_on_cpu(num_seqs: int) -> bool:
+    """True (and says why) for the full workload on a CPU: hours of waiting for no useful number."""
     if not torch.cuda.is_available() and num_seqs == 256:
         print("nanoserve: bench measures a GPU; on a CPU the full workload would take hours "
               "(try --num-seqs 4 --no-baseline --model tiny-qwen3 to see it run)", file=sys.stderr)
+        return True
+    return False
+
+
+def main(model: str, baseline: bool, out: str | None, num_seqs: int, profile: bool = False,
+         ladder: bool = False, tensor_parallel_size: int = 1, custom_all_reduce: bool = False,
+         kv_cache_dtype: str = "auto") -> int:
+    if refused_on_cpu(num_seqs):
         return 2
     prompts, max_tokens = workload(num_seqs)
     print(f"workload: {len(prompts)} requests, {sum(map(len, prompts)):,} prompt tokens, "
@@ -272,6 +284,114 @@ def main(model: str, baseline: bool, out: str | None, num_seqs: int, profile: bo
             print(f"{theirs['engine']}: {theirs['tok_per_s']:,.0f} useful tok/s ({theirs['seconds']:.1f} s); "
                   f"nanoserve is {results['speedup']:.2f}x")
     if out:
+        with open(out, "w") as f:
+            json.dump(results, f, indent=1)
+    return 0
+
+
+# ----------------------------------------------------------------------------
+# `nanoserve bench --features`: what each sampling feature costs on the workload
+
+# Each row: the SamplingParams fields that every request of the row adds to the plain workload's. A tuple
+# names other rows instead: request i takes the fields of row[i % len(row)] (one batch, features mixed).
+FEATURES = {
+    "plain": {},
+    "logprobs=5": dict(logprobs=5),
+    "penalties": dict(repetition_penalty=1.1, presence_penalty=0.5, frequency_penalty=0.5),
+    "min_p + logit_bias": dict(min_p=0.05, logit_bias={t: -5.0 for t in range(0, 100)}),  # 100 biased tokens
+    "json_object": dict(structured_outputs=StructuredOutputsParams(json_object=True)),
+    "regex": dict(structured_outputs=StructuredOutputsParams(regex="[a-z ]{1,2000}")),
+    "mixed": ("logprobs=5", "penalties", "min_p + logit_bias", "json_object"),  # a quarter of the requests each
+}
+
+
+def feature_fields(row: str, i: int) -> dict:
+    """The SamplingParams fields that row adds to request i."""
+    spec = FEATURES[row]
+    return FEATURES[spec[i % len(spec)]] if isinstance(spec, tuple) else spec
+
+
+def feature_params(row: str, max_tokens: list[int], cap: int = 256) -> list[SamplingParams]:
+    """One SamplingParams per request: the workload's (temperature 0.6, past eos, max_tokens capped at cap), a
+    seed per request (request i: seed i) so that a run repeats, and the row's feature."""
+    return [SamplingParams(temperature=0.6, ignore_eos=True, max_tokens=min(m, cap), seed=i, **feature_fields(row, i))
+            for i, m in enumerate(max_tokens)]
+
+
+def warm_up_features(llm) -> None:
+    """One small untimed generate with a request of every feature, grammars included. It builds what a process
+    builds once: the engine, llguidance's view of the tokenizer, and the compiled constraint of each grammar row
+    (cached by the constraint). A user pays that compile once per new constraint, not per request; leaving it
+    out of the timed calls makes them measure steady-state throughput."""
+    fields = [spec for spec in FEATURES.values() if isinstance(spec, dict)]
+    params = [SamplingParams(temperature=0.6, ignore_eos=True, max_tokens=8, seed=0, **f) for f in fields]
+    llm.generate(["Benchmark: "] * len(params), params, use_tqdm=False)
+
+
+def time_row(llm, prompts, params) -> dict:
+    """One timed generate of the workload with these params: output tokens / wall seconds."""
+    seconds, outputs = timed_generate(llm, prompts, params)
+    failed = [o.error for o in outputs if o.error]
+    if failed:  # a failed request ends early and would make its feature look cheap
+        raise RuntimeError(f"{len(failed)} of {len(outputs)} requests failed; the first: {failed[0]}")
+    tokens = sum(len(c.token_ids) for o in outputs for c in o.outputs)
+    return {"seconds": seconds, "output_tokens": tokens, "tok_per_s": tokens / seconds}
+
+
+def summarize_features(runs: dict) -> dict:
+    """Per row: its rounds' tok/s, seconds and output tokens, their median tok/s, and that over plain's."""
+    rows = {name: {key: [run[key] for run in found] for key in ("tok_per_s", "seconds", "output_tokens")}
+            for name, found in runs.items()}
+    for row in rows.values():
+        row["median_tok_per_s"] = statistics.median(row["tok_per_s"])
+    for row in rows.values():
+        row["ratio_to_plain"] = row["median_tok_per_s"] / rows["plain"]["median_tok_per_s"]
+    return rows
+
+
+def features_table(rows: dict) -> str:
+    """A markdown table of tok/s: feature | round 1 | ... | median | × plain."""
+    rounds = len(rows["plain"]["tok_per_s"])
+    head = ["feature", *(f"round {r + 1}" for r in range(rounds)), "median", "× plain"]
+    lines = ["| " + " | ".join(head) + " |", "| --- |" + " ---: |" * (len(head) - 1)]
+    for name, row in rows.items():
+        cells = [name, *(f"{t:,.0f}" for t in row["tok_per_s"]), f"{row['median_tok_per_s']:,.0f}",
+                 f"{row['ratio_to_plain']:.2f}"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def bench_features(model: str, out: str | None, num_seqs: int, rounds: int = 2, max_tokens: int = 256,
+                   **llm_args) -> int:
+    """The workload once per row of FEATURES and round, on one LLM; round 1 runs the rows in order, round 2
+    in reverse, and so on, so that drift in the machine falls on every row alike."""
+    from nanoserve.engine.llm import LLM
+
+    if refused_on_cpu(num_seqs):
+        return 2
+    prompts, wanted = workload(num_seqs)
+    params = {row: feature_params(row, wanted, max_tokens) for row in FEATURES}
+    print(f"workload: {len(prompts)} requests, {sum(map(len, prompts)):,} prompt tokens, at most "
+          f"{sum(p.max_tokens for p in params['plain']):,} output tokens per row", file=sys.stderr)
+    runs = {row: [] for row in FEATURES}
+    # Prefix caching off: every row prefills the same prompts. With it on, each row would find the prompts that
+    # the rows before it left in the cache, and only the first row of round 1 would pay for their prefill.
+    with LLM(model, max_model_len=4096, enable_prefix_caching=False, **llm_args) as llm:
+        warm_up_features(llm)
+        for r in range(rounds):
+            for row in list(FEATURES) if r % 2 == 0 else list(FEATURES)[::-1]:
+                found = time_row(llm, prompts, params[row])
+                runs[row].append(found)
+                print(f"round {r + 1} {row}: {found['output_tokens']:,} tokens in {found['seconds']:.2f} s = "
+                      f"{found['tok_per_s']:,.0f} tok/s", file=sys.stderr)
+    rows = summarize_features(runs)
+    print(f"tok/s, {len(prompts)} requests of the workload, max_tokens capped at {max_tokens}; median of {rounds} "
+          f"rounds")
+    print(features_table(rows))
+    if out:
+        results = {"model": model, "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+                   "torch": torch.__version__, "rounds": rounds, "num_seqs": num_seqs, "max_tokens": max_tokens,
+                   "llm_args": {"max_model_len": 4096, "enable_prefix_caching": False, **llm_args}, "rows": rows}
         with open(out, "w") as f:
             json.dump(results, f, indent=1)
     return 0

@@ -8,6 +8,7 @@
     nanoserve bench-serve --base-url URL --model NAME [--request-rate R ...] [--num-prompts N] [--out FILE]
     nanoserve bench [--model NAME_OR_DIR] [--num-seqs N] [--no-baseline] [--out FILE] [--profile] [--ladder]
                     [--tensor-parallel-size N] [--custom-all-reduce]
+    nanoserve bench --features [--model NAME_OR_DIR] [--num-seqs N] [--rounds R] [--max-tokens N] [--out FILE]
 
     nanoserve --debug SUBCOMMAND ...   (--debug goes before the subcommand: show the full traceback of an error)
 
@@ -120,6 +121,15 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--ladder", action="store_true",
                        help="measure lesson 06's stages one by one: eager, + CUDA graphs, + fused ops, "
                             "+ async scheduling")
+    bench.add_argument("--features", action="store_true",
+                       help="the cost of each sampling feature (log-probs, penalties, logit edits, structured "
+                            "outputs): the workload with every request asking for one, against the plain workload; "
+                            "no transformers baseline")
+    # None: not given (a usage error without --features, rather than a flag that is ignored)
+    bench.add_argument("--rounds", type=_positive_int, default=None,
+                       help="with --features: rounds, alternating the rows' order (default 2)")
+    bench.add_argument("--max-tokens", type=_positive_int, default=None,
+                       help="with --features: each request's max_tokens capped at N (default 256)")
     add_serve_parser(sub)
     add_bench_serve_parser(sub)
     prep = sub.add_parser("prepare", help="build or find models now, so later runs start at once")
@@ -327,6 +337,23 @@ def serve(args) -> int:
     return 0
 
 
+def bench(args) -> int:
+    if not args.features:
+        if args.rounds is not None or args.max_tokens is not None:
+            raise UsageError("--rounds and --max-tokens go with --features")
+        from nanoserve.bench import main as bench_main
+
+        return bench_main(args.model, not args.no_baseline, args.out, args.num_seqs, args.profile, args.ladder,
+                          args.tensor_parallel_size, args.custom_all_reduce, args.kv_cache_dtype)
+    if args.profile or args.ladder:
+        raise UsageError("--features times the workload alone: drop --profile and --ladder")
+    from nanoserve.bench import bench_features
+
+    return bench_features(args.model, args.out, args.num_seqs, rounds=args.rounds or 2,
+                          max_tokens=args.max_tokens or 256, kv_cache_dtype=args.kv_cache_dtype,
+                          tensor_parallel_size=args.tensor_parallel_size, custom_all_reduce=args.custom_all_reduce)
+
+
 def run(args) -> int:
     import torch
 
@@ -334,10 +361,7 @@ def run(args) -> int:
     if args.command == "generate":
         return generate(args)
     if args.command == "bench":
-        from nanoserve.bench import main as bench_main
-
-        return bench_main(args.model, not args.no_baseline, args.out, args.num_seqs, args.profile, args.ladder,
-                          args.tensor_parallel_size, args.custom_all_reduce, args.kv_cache_dtype)
+        return bench(args)
     if args.command == "serve":
         return serve(args)
     if args.command == "bench-serve":

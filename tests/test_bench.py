@@ -1,4 +1,9 @@
-"""`nanoserve bench --profile`: where a step's time goes, measured on the engine as it is."""
+"""`nanoserve bench --profile`: where a step's time goes, measured on the engine as it is; and
+`nanoserve bench --features`: what each sampling feature costs."""
+import json
+
+import pytest
+
 from nanoserve import LLM
 from nanoserve.bench import PHASES, profile_decode
 from nanoserve.engine.sampler import Sampler
@@ -25,3 +30,31 @@ def test_profile_runs_on_lesson_06s_engine_and_removes_its_timers():
     assert found["ms_per_step"]["sample"] > 0
     assert type(llm.engine.runner.sampler).__name__ == "FusedSampler" and "forward" not in vars(llm.engine.runner)
     assert len(llm.generate([[1, 2, 3]], use_tqdm=False)[0].outputs[0].token_ids) == 16
+
+
+
+def test_features_bench_writes_every_row_and_mixes_features_per_request(tmp_path, capsys):
+    from nanoserve.bench import FEATURES, feature_params
+    from nanoserve.cli import main
+
+    out = tmp_path / "features.json"
+    assert main(["bench", "--features", "--model", "tiny-qwen3", "--num-seqs", "4", "--max-tokens", "4",
+                 "--rounds", "2", "--out", str(out)]) == 0
+    table = capsys.readouterr().out
+    found = json.loads(out.read_text())
+    rows = found["rows"]
+    assert found["rounds"] == 2 and found["device"] == "cpu" and list(rows) == list(FEATURES)
+    for name, row in rows.items():
+        assert len(row["tok_per_s"]) == len(row["seconds"]) == len(row["output_tokens"]) == 2
+        assert all(t > 0 for t in row["tok_per_s"]) and all(0 < n <= 4 * 4 for n in row["output_tokens"])
+        assert row["ratio_to_plain"] == pytest.approx(row["median_tok_per_s"] / rows["plain"]["median_tok_per_s"])
+        assert f"\n| {name} | " in table
+    assert rows["plain"]["ratio_to_plain"] == 1.0
+    # mixed: request i is request i of the row it names (i % 4); the four features differ from each other and plain
+    mixed, plain = feature_params("mixed", [300] * 8, cap=4), feature_params("plain", [300] * 8, cap=4)
+    assert [p.seed for p in mixed] == list(range(8)) and {p.max_tokens for p in mixed} == {4}
+    for i, p in enumerate(mixed):
+        assert p == feature_params(FEATURES["mixed"][i % 4], [300] * 8, cap=4)[i] and p != plain[i]
+    assert mixed[0].logprobs == 5 and mixed[1].repetition_penalty == 1.1 and len(mixed[2].logit_bias) == 100
+    assert mixed[3].structured_outputs.json_object and len({repr(p) for p in mixed[:4]}) == 4
+    assert main(["bench", "--rounds", "3"]) == 2  # --rounds without --features: a usage error, not ignored

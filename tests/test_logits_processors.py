@@ -11,16 +11,24 @@ from transformers import (MinNewTokensLengthLogitsProcessor, MinPLogitsWarper,
                           RepetitionPenaltyLogitsProcessor, TemperatureLogitsWarper)
 
 from nanoserve import LLM, SamplingParams
-from nanoserve.engine.logits_processors import BadWords, process_logits
+from nanoserve.engine.features import BatchProcessors, features_of
+from nanoserve.features.logit_edits import BadWords
 
 VOCAB = 50
 
 
-def seq(params, prompt, output, bad_words_ids=(), stop_ids=()):
-    """What process_logits reads of a sequence."""
+def seq(params, prompt, output, bad_words_ids=(), stop_ids=(), seq_id=0):
+    """What the logits processors read of a sequence."""
     return SimpleNamespace(params=params, token_ids=list(prompt) + list(output), num_prompt_tokens=len(prompt),
-                           prompt_ids=list(prompt), bad_words=BadWords([list(w) for w in bad_words_ids]) if bad_words_ids else None,
-                           stop_ids=set(stop_ids), edits_logits=params.edits_logits, matcher=None)
+                           prompt_ids=list(prompt), output_ids=list(output), seq_id=seq_id, finish_reason=None,
+                           bad_words=BadWords([list(w) for w in bad_words_ids]) if bad_words_ids else None,
+                           stop_ids=set(stop_ids), features=features_of(params), matcher=None)
+
+
+def process_logits(logits, seqs, steps, last_inputs=None, processors=None):
+    """The step's logits after the processors of a fresh engine (or of `processors`)."""
+    processors = processors or BatchProcessors(len(seqs), logits.shape[1], "cpu")
+    return processors.apply(logits, seqs, steps, last_inputs)
 
 
 def history(rng, n):
@@ -79,7 +87,7 @@ def test_each_processor_matches_its_oracle_and_leaves_other_rows_alone(case):
             row = row.masked_fill(~kept, -math.inf)
         else:
             p = SamplingParams()
-        seqs.append(seq(p, prompt, output, bad_ids, stop_ids))
+        seqs.append(seq(p, prompt, output, bad_ids, stop_ids, seq_id=r))
         want[r] = row[0]
     got = process_logits(logits, seqs, [len(s.token_ids) - s.num_prompt_tokens for s in seqs])
     assert torch.equal(logits, raw)  # the input is left as it was (its log-probs are what logprobs report)
@@ -87,7 +95,7 @@ def test_each_processor_matches_its_oracle_and_leaves_other_rows_alone(case):
     assert torch.equal(finite, torch.isfinite(got))
     assert torch.allclose(got[finite], want[finite], atol=1e-5)
     for r, s in enumerate(seqs):
-        if not s.params.edits_logits:
+        if not s.features:
             assert torch.equal(got[r], raw[r])
 
 
@@ -95,9 +103,38 @@ def test_a_token_still_on_the_device_counts_for_the_penalties():
     """Async scheduling: the last drawn token is a placeholder, known only as the row's last input."""
     logits = torch.zeros(2, VOCAB)
     p = SamplingParams(frequency_penalty=1.0)
-    seqs = [seq(p, [1], [4, 4]), seq(p, [1], [4, 4])]
+    seqs = [seq(p, [1], [4, 4], seq_id=0), seq(p, [1], [4, 4], seq_id=1)]
     got = process_logits(logits, seqs, [3, 2], last_inputs=lambda: torch.tensor([4, 0]))
     assert got[0, 4] == -3 and got[1, 4] == -2  # row 0 has drawn three 4s, one not on the host yet
+
+
+@pytest.mark.parametrize("case", range(10))
+def test_penalty_counts_kept_on_the_device_match_a_recount_every_step(case):
+    """One engine's processors over many steps, tokens drawn on the device, rows joining, leaving and moving,
+    and now and then a step whose draw is never processed (an error, Ctrl-C): every step's logits are what
+    processors that count each output afresh give."""
+    rng = random.Random(case)
+    kept = BatchProcessors(8, VOCAB, "cpu")
+    live = {}
+    for step in range(30):
+        for seq_id in [i for i in live if rng.random() < 0.1]:
+            live.pop(seq_id).finish_reason = "stop"
+        while len(live) < rng.randint(1, 8):
+            seq_id = step * 10 + len(live)
+            p = SamplingParams(repetition_penalty=rng.choice([1.0, 1.5]), frequency_penalty=rng.uniform(-2, 2),
+                               presence_penalty=rng.uniform(-2, 2))
+            live[seq_id] = seq(p, history(rng, rng.randint(1, 5)), history(rng, rng.randint(0, 3)), seq_id=seq_id)
+        seqs = rng.sample(list(live.values()), len(live))  # rows move
+        steps = [len(s.output_ids) for s in seqs]
+        logits = torch.randn(len(seqs), VOCAB)
+        got = process_logits(logits, seqs, steps, processors=kept)
+        assert torch.allclose(got, process_logits(logits, seqs, steps), atol=1e-6), step
+        tokens = torch.tensor([rng.randrange(VOCAB) for _ in seqs])
+        kept.drawn(tokens)
+        if rng.random() < 0.8:  # processed; else the drawn tokens are lost, as a failed step's are
+            for s, t in zip(seqs, tokens.tolist()):
+                s.token_ids.append(t)
+                s.output_ids.append(t)
 
 
 @pytest.fixture(scope="module")

@@ -138,7 +138,7 @@ def test_prompt_logprobs_in_responses_and_refusals_by_name(client, oracle):
 def test_a_rank_counts_the_likelier_tokens():
     """score_rows (both log-prob features): rank = 1 + how many tokens are likelier, exactly, on logits with no
     ties; the top k come in order with ranks 1..k (the transformers comparison above allows a window)."""
-    from nanoserve.engine.model_runner import logprob_entry, score_rows
+    from nanoserve.features.logprobs import logprob_entry, score_rows
 
     gen = torch.Generator().manual_seed(0)
     logits = torch.stack([torch.randperm(3000, generator=gen).float() / 100 for _ in range(5)])

@@ -343,7 +343,7 @@ def test_prompt_scorer_scores_each_chunk_and_keeps_none_of_them_alive():
     holds only those rows' memory: a view would keep a whole chunk, thousands of vocab-wide rows, alive."""
     import torch
 
-    from nanoserve.engine.model_runner import PromptScorer
+    from nanoserve.features.logprobs import PromptScorer
 
     torch.manual_seed(0)
     logits = torch.randn(12, 50)

@@ -7,7 +7,7 @@ import torch
 from nanoserve.cache.metadata import StepMetadata, StepMetadataBuilder
 from nanoserve.cache.protocol import KVCache
 from nanoserve.course.contiguous import ContiguousKVCache
-from nanoserve.engine.logits_processors import process_logits
+from nanoserve.engine.features import BatchProcessors
 from nanoserve.engine.request import Request
 from nanoserve.engine.sampler import Sampler
 from nanoserve.engine.sampling_params import SamplingParams
@@ -50,14 +50,17 @@ def generate(model: Qwen3ForCausalLM, prompts: list[list[int]],
     builder = StepMetadataBuilder(sum(r.num_tokens for r in requests), len(requests), -(-max_len // cache.block_size),
                                   device)
     sampler = Sampler()
+    processors = BatchProcessors(len(requests), model.config.vocab_size, device)  # what requests ask of the logits
 
     def step(batch: list[Request], meta: StepMetadata) -> None:
         """One forward over the step's new tokens; then each request in it gets its next token."""
         hidden = model(meta.input_ids, meta.positions, cache, meta)
         logits = model.compute_logits(hidden[meta.sample_rows])  # only the rows we sample from
         steps = [r.num_output_tokens for r in batch]
-        logits = process_logits(logits, batch, steps)  # only for requests that ask (penalties, bad words...)
-        tokens = sampler(logits, [r.params for r in batch], [r.seed for r in batch], steps).tolist()
+        edited = processors.apply(logits, batch, steps)  # only for requests that ask (penalties, bad words...)
+        tokens = sampler(edited, [r.params for r in batch], [r.seed for r in batch], steps)
+        processors.drawn(tokens)
+        tokens = tokens.tolist()
         for r, t in zip(batch, tokens):
             cache.commit(r.seq_id, r.token_ids, r.num_tokens)  # every token so far has its K/V now
             r.append(t)

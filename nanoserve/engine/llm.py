@@ -187,13 +187,12 @@ def complete_output(out: RequestOutput, seqs: list[Sequence]) -> None:
             out.outputs.append(CompletionOutput(seq.index, "", seq.output_ids, "error"))
             out.error = out.error or f"prompt {out.request_id}: {seq.error or f'{type(e).__name__}: {e}'}"
             continue
-        total = sum(lp[t] for t, lp in zip(c.token_ids, seq.logprobs)) if seq.logprobs is not None else None
+        total = seq.logprobs.cumulative() if seq.logprobs is not None else None
         out.outputs.append(CompletionOutput(seq.index, c.text or "", c.token_ids, c.finish_reason, seq.logprobs,
                                             total, c.stop_reason))
     first = min(seqs, key=lambda s: s.index)
     out.num_cached_tokens, out.prompt_logprobs = first.num_cached_tokens, first.prompt_logprobs  # forks never look
-    entries = [(token, logprob) for steps in [first.prompt_logprobs or [], *(s.logprobs or [] for s in seqs)]
-               for step in steps for token, logprob in (step or {}).items()]
+    entries = [(token, logprob) for step in first.prompt_logprobs or [] for token, logprob in (step or {}).items()]
     if entries and first.tokenizer is not None:  # vLLM's Logprob.decoded_token, in one call
         for (_, logprob), text in zip(entries, first.tokenizer.batch_decode([[t] for t, _ in entries])):
             logprob.decoded_token = text

@@ -7,7 +7,7 @@ import time
 from dataclasses import dataclass
 
 from nanoserve.cache.paged import PagedKVCache
-from nanoserve.engine.model_runner import LaunchedStep, ModelRunner, read_prompt_logprobs
+from nanoserve.engine.model_runner import LaunchedStep, ModelRunner
 from nanoserve.engine.request import prepare
 from nanoserve.engine.sampling_params import InvalidParameter, SamplingParams
 from nanoserve.engine.scheduler import ScheduledBatch, Scheduler
@@ -126,7 +126,14 @@ class LLMEngine:
         except BaseException:
             self.forget(self.in_flight, current)
             raise
-        return self.process(current, tokens, logprobs)
+        out = self.process(current, tokens, logprobs)
+        if self.in_flight is not None and self.in_flight.waits:  # its draw needed these tokens (a grammar's)
+            try:
+                self.runner.draw(self.in_flight)  # its forward runs on the device meanwhile
+            except BaseException:
+                self.forget(self.in_flight)
+                raise
+        return out
 
     def schedule(self) -> ScheduledBatch:
         self.step_seqs = self.scheduler.running  # while scheduling: whoever runs (this list, as it grows)
@@ -157,8 +164,8 @@ class LLMEngine:
         "error"; the others go on. A sequence that finished (or was aborted) since the step was launched
         drops its row."""
         out, batch = [], launched.batch
-        for seq, first, entries in read_prompt_logprobs(launched):  # prompt_logprobs, before any can finish
-            if seq.status is not SequenceStatus.FINISHED:
+        for seq, first, entries in launched.scorer.read() if launched.scorer is not None else ():
+            if seq.status is not SequenceStatus.FINISHED:  # prompt_logprobs, before any can finish
                 seq.add_prompt_logprobs(first, entries)
         for i, (seq, token, lp) in enumerate(zip(batch.seqs, tokens, logprobs)):
             if seq.status is SequenceStatus.FINISHED:

@@ -10,7 +10,7 @@ import torch
 
 from nanoserve.cache.metadata import StepMetadata, StepMetadataBuilder
 from nanoserve.cache.paged import PagedKVCache
-from nanoserve.engine.logits_processors import process_logits
+from nanoserve.engine.features import BatchProcessors, load
 from nanoserve.engine.sampler import Sampler
 from nanoserve.engine.scheduler import ScheduledBatch
 
@@ -32,16 +32,25 @@ def prepare_inputs(batch: ScheduledBatch) -> list[tuple[int, int, list[int]]]:
 class LaunchedStep:
     """A step queued on the device: its sampled tokens (and log-probs) are read by collect()."""
     batch: ScheduledBatch
-    tokens: torch.Tensor | None  # [num sampled] on the device (None: nobody samples)
-    host: torch.Tensor | None  # their copy on the host, valid once `done` has passed
-    logprobs: tuple | None  # device tensors of the top log-probs of the rows that asked (top_logprobs)
-    done: torch.cuda.Event | None  # None on a CPU: everything ran already
-    scored: tuple | None = None  # prompt_logprobs: (spans, device tensors) of the prompt tokens it scored
+    sampled: list  # the sequences it draws a token for
+    features: set[str]  # what its sequences ask for beyond a plain draw
+    tokens: torch.Tensor | None = None  # [num sampled] on the device (None: not drawn yet, or nobody samples)
+    host: torch.Tensor | None = None  # their copy on the host, valid once `done` has passed
+    logprobs: object | None = None  # logprobs=k: the step's SampledLogprobs
+    done: torch.cuda.Event | None = None  # None on a CPU: everything ran already
+    scorer: object | None = None  # prompt_logprobs: the step's PromptScorer
+    logits: torch.Tensor | None = None  # until the draw: the sampled rows' logits
+    last_inputs: object | None = None  # until the draw: () -> each row's last input token, on the device
+
+    @property
+    def waits(self) -> bool:
+        """Is its draw still to be made (LLMEngine.step makes it once the step before is processed)?"""
+        return self.logits is not None
 
 
 class ModelRunner:
     def __init__(self, model, cache: PagedKVCache, max_num_seqs: int, max_num_batched_tokens: int,
-                 max_model_len: int, sampler=None, graphs=None, workers=None):
+                 max_model_len: int, sampler=None, graphs=None, workers=None, logits_processors=()):
         self.model, self.cache, self.sampler = model, cache, sampler or Sampler()
         self.max_model_len = max_model_len
         device = next(model.parameters()).device
@@ -49,6 +58,8 @@ class ModelRunner:
                                            device)
         self.graphs = graphs  # lesson 06: CUDAGraphs, which replay decode steps (None: every step eager)
         self.workers = workers  # lesson 07: TPWorkers, the other ranks, which run every forward with us
+        # What requests ask of the logits (features beside the core): nothing of it runs until one asks
+        self.processors = BatchProcessors(max_num_seqs, model.config.vocab_size, device, logits_processors)
         pinned = device.type == "cuda"
         self.host_tokens = [torch.zeros(max_num_seqs, dtype=torch.int64, pin_memory=pinned) for _ in range(2)]
         self.turn = 0
@@ -56,31 +67,44 @@ class ModelRunner:
     @torch.inference_mode()
     def launch(self, batch: ScheduledBatch, feed: LaunchedStep | None = None) -> LaunchedStep:
         """Queue the step on the device and return without waiting for it. feed: the step before, whose
-        sampled tokens are this step's placeholders (async scheduling)."""
+        sampled tokens are this step's placeholders (async scheduling). A sequence whose draw needs its last
+        token on the host (a grammar's), while that token is still a placeholder, holds the draw back: the
+        step comes back waiting, and draw() makes it later."""
         if all(n == 1 for n in batch.num_new):  # a decode step: the longest contexts in the first rows
             batch = batch.longest_first()
         step, sampled = prepare_inputs(batch), [s for s, x in zip(batch.seqs, batch.sampled) if x]
-        rows, targets, spans = scored_prompt_rows(batch)  # prompt_logprobs: more rows of logits (eager steps)
-        # graph or eager: decided here
-        size = self.graphs.size_for(batch) if self.graphs is not None and not rows else None
+        features = {name for seq in batch.seqs for name in seq.features}
+        launched = LaunchedStep(batch, sampled, features)
+        if "prompt_logprobs" in features:  # more rows of logits: those that score prompt tokens (eager steps)
+            launched.scorer = load("prompt_logprobs").of_step(batch, len(sampled))
+        rows = launched.scorer.rows if launched.scorer is not None else []
+        size = self.graphs.size_for(batch) if self.graphs is not None and not rows else None  # graph or eager
         meta = self.builder.build(self.cache, step, batch.sampled, pad_to=size, feed=feed_rows(batch, step, feed),
                                   scored=rows)
-        scorer = None
-        if rows:
-            k = max(seq.params.prompt_logprobs for seq, _, _ in spans)
-            scorer = PromptScorer(len(sampled), targets, k)
-        logits = self.forward(meta, size, batch.copies, feed, scorer)
-        scored = (spans, scorer.scores) if rows else None
-        logits = logits[:len(sampled)]
-        if not sampled:
-            return LaunchedStep(batch, None, None, None, None, scored)
+        logits = self.forward(meta, size, batch.copies, feed, launched.scorer)
+        if sampled:
+            launched.logits = logits[:len(sampled)]
+            launched.last_inputs = lambda: meta.input_ids[meta.sample_rows[:len(sampled)]]
+            # a placeholder besides this step's own: the step before has not been processed yet
+            if not (features and any(s.waits_for_last_token and s.num_placeholders > 1 for s in sampled)):
+                self.draw(launched)
+        return launched
+
+    @torch.inference_mode()
+    def draw(self, launched: LaunchedStep) -> None:
+        """Sample the step's tokens (after the logits processors) and queue their copy to the host."""
+        sampled, logits = launched.sampled, launched.logits
         steps = [s.num_output_tokens + s.num_placeholders - 1 for s in sampled]  # tokens drawn before this one
-        processed = process_logits(logits, sampled, steps, lambda: meta.input_ids[meta.sample_rows[:len(sampled)]])
-        tokens = self.sampler(processed, [s.params for s in sampled], [s.seed for s in sampled], steps)
-        logprobs = top_logprobs(logits, tokens, [s.params.logprobs for s in sampled])  # the model's, as vLLM's
+        edited = self.processors.apply(logits, sampled, steps, launched.last_inputs) if launched.features else logits
+        tokens = self.sampler(edited, [s.params for s in sampled], [s.seed for s in sampled], steps)
+        if launched.features:
+            self.processors.drawn(tokens)
+            if "logprobs" in launched.features:  # the model's, as vLLM's
+                launched.logprobs = load("logprobs")(logits, tokens, [s.params.logprobs for s in sampled])
         host, self.turn = self.host_tokens[self.turn][:len(sampled)], self.turn ^ 1
         host.copy_(tokens, non_blocking=True)
-        return LaunchedStep(batch, tokens, host, logprobs, record_event(tokens), scored)
+        launched.tokens, launched.host, launched.done = tokens, host, record_event(tokens)
+        launched.logits = launched.last_inputs = None
 
     def forward(self, meta: StepMetadata, size: int | None, copies=(), feed: LaunchedStep | None = None,
                 scorer=None) -> torch.Tensor:
@@ -118,6 +142,8 @@ class ModelRunner:
         """Wait for a launched step; the token of each of its sequences (None: still prefilling), and
         its log-probs (for those that asked)."""
         batch = launched.batch
+        if launched.waits:
+            self.draw(launched)
         if launched.tokens is None:
             return [None] * len(batch.seqs), [None] * len(batch.seqs)
         if self.workers is not None:
@@ -126,8 +152,10 @@ class ModelRunner:
             launched.done.synchronize()  # the CPU waits here, and only here
         tokens = iter(launched.host.tolist())
         tokens = [next(tokens) if s else None for s in batch.sampled]
-        logprobs = iter(read_logprobs(launched.logprobs, [t for t in tokens if t is not None],
-                                      [s.params.logprobs for s, x in zip(batch.seqs, batch.sampled) if x]))
+        if launched.logprobs is None:
+            return tokens, [None] * len(batch.seqs)
+        logprobs = iter(launched.logprobs.read([t for t in tokens if t is not None],
+                                               [s.params.logprobs for s in launched.sampled]))
         return tokens, [next(logprobs) if s else None for s in batch.sampled]
 
 
@@ -144,117 +172,9 @@ def feed_rows(batch: ScheduledBatch, step: list, feed: LaunchedStep | None) -> l
     return rows
 
 
-def scored_prompt_rows(batch: ScheduledBatch) -> tuple[list[int], list[int], list[tuple]]:
-    """prompt_logprobs: the rows of this step whose logits score prompt tokens (the logits at position p
-    score token p + 1), the tokens they score, and (sequence, first token scored, count) per sequence."""
-    rows, targets, spans, first = [], [], [], 0
-    for seq, start, n in zip(batch.seqs, batch.starts, batch.num_new):
-        if seq.scores_prompt:
-            lo, hi = max(start, len(seq.prompt_logprobs) - 1), min(start + n, seq.num_prompt_tokens - 1)
-            if lo < hi:
-                rows += range(first + lo - start, first + hi - start)
-                targets += seq.token_ids[lo + 1:hi + 1]
-                spans.append((seq, lo + 1, hi - lo))
-        first += n
-    return rows, targets, spans
-
-
-class PromptScorer:
-    """prompt_logprobs for one step: takes the step's logits chunk by chunk (ModelRunner.compute), keeps those of
-    the first num_sampled rows (the sampled ones), and scores the rest against the prompt tokens they predict.
-    scores: the device tensors of score_rows, for all the scored rows."""
-
-    def __init__(self, num_sampled: int, targets: list[int], k: int):
-        self.num_sampled, self.targets, self.k = num_sampled, targets, k
-        self.scores: tuple | None = None
-
-    def take(self, chunks) -> torch.Tensor:
-        kept, scores, at = [], [], 0  # at: the first row of the chunk
-        for logits in chunks:
-            n = len(logits)
-            cut = min(max(self.num_sampled - at, 0), n)  # the chunk's sampled rows come first
-            # copied out, not a view: a view of even no rows would keep the whole chunk's memory alive
-            kept.append(logits[:cut].clone() if cut < n else logits)
-            if cut < n:
-                first = at + cut - self.num_sampled
-                targets = torch.tensor(self.targets[first:first + n - cut], device=logits.device)
-                scores.append(score_rows(logits[cut:], targets, self.k))
-            at += n
-        self.scores = tuple(torch.cat(parts) for parts in zip(*scores))
-        return torch.cat(kept)
-
-
-def score_rows(logits: torch.Tensor, targets: torch.Tensor, k: int) -> tuple:
-    """On the device, for each row: its k likeliest tokens' log-probs, and its target token's log-prob and
-    rank (1 + how many tokens were likelier), from the model's raw distribution (before temperature, top-k
-    and top-p, as vLLM returns them)."""
-    logprobs = logits.float().log_softmax(dim=-1)
-    top = logprobs.topk(min(k, logprobs.shape[-1]), dim=-1)
-    chosen = logprobs.gather(1, targets[:, None])
-    return top.values, top.indices, chosen[:, 0], (logprobs > chosen).sum(dim=-1) + 1
-
-
-def logprob_entry(values: list[float], indices: list[int], k: int, token: int, chosen: float, rank: int) -> dict:
-    """{token: Logprob}: a row's k likeliest tokens, and its own token (sampled, or the prompt's)."""
-    entry = {t: Logprob(v, j + 1) for j, (t, v) in enumerate(zip(indices[:k], values[:k]))}
-    entry[token] = Logprob(chosen, rank)
-    return entry
-
-
-def read_prompt_logprobs(launched: LaunchedStep) -> list[tuple]:
-    """(sequence, first prompt token, its entries: {token: Logprob}) per sequence the step scored, once the
-    step is done: the k likeliest tokens and the prompt's own."""
-    if launched.scored is None:
-        return []
-    spans, computed = launched.scored
-    values, indices, chosen, ranks = (t.tolist() for t in computed)
-    out, row = [], 0
-    for seq, first, count in spans:
-        out.append((seq, first, [logprob_entry(values[r], indices[r], seq.params.prompt_logprobs,
-                                               seq.token_ids[first + r - row], chosen[r], ranks[r])
-                                 for r in range(row, row + count)]))
-        row += count
-    return out
-
-
 def record_event(tensor: torch.Tensor) -> torch.cuda.Event | None:
     if not tensor.is_cuda:
         return None
     event = torch.cuda.Event()
     event.record()
     return event
-
-
-class Logprob(float):
-    """A log-probability (use it as a float) with vLLM's Logprob attributes: .logprob, .rank (1 = likeliest) and
-    .decoded_token (the token's text, filled in when the request's output is complete)."""
-
-    def __new__(cls, value: float, rank: int):
-        item = super().__new__(cls, value)
-        item.rank, item.decoded_token = rank, None
-        return item
-
-    @property
-    def logprob(self) -> float:
-        return float(self)
-
-
-def top_logprobs(logits: torch.Tensor, tokens: torch.Tensor, ks: list[int | None]) -> tuple | None:
-    """score_rows for the sampled tokens of the rows whose k is not None; read_logprobs turns them into
-    dicts once the step is done."""
-    wanted = [i for i, k in enumerate(ks) if k is not None]
-    if not wanted:
-        return None
-    rows = torch.tensor(wanted, device=logits.device)
-    return score_rows(logits[rows], tokens[rows], max(ks[i] for i in wanted))
-
-
-def read_logprobs(computed: tuple | None, tokens: list[int], ks: list[int | None]) -> list[dict[int, Logprob] | None]:
-    """{token: Logprob} per row that asked: its k likeliest tokens and the sampled one."""
-    out: list[dict[int, Logprob] | None] = [None] * len(ks)
-    if computed is None:
-        return out
-    values, indices, chosen, ranks = (t.tolist() for t in computed)
-    for row, i in enumerate(i for i, k in enumerate(ks) if k is not None):
-        out[i] = logprob_entry(values[row], indices[row], ks[i], tokens[i], chosen[row], ranks[row])
-    return out

@@ -4,12 +4,9 @@
 """One prompt's progress through generation: its tokens, its stop conditions, its text."""
 from dataclasses import dataclass
 
-import llguidance
-
 from nanoserve.engine.detokenizer import Detokenizer
-from nanoserve.engine.logits_processors import BadWords, tokenize_bad_words
+from nanoserve.engine.features import features_of, load
 from nanoserve.engine.sampling_params import InvalidParameter, SamplingParams
-from nanoserve.engine.structured_outputs import grammar_matcher
 
 
 @dataclass
@@ -25,9 +22,9 @@ class Prepared:
     """What a request's constraints need from the tokenizer, worked out once per SamplingParams: its n
     completions share it, and so does every request given the same object. A server prepares a request in a
     thread before it admits it, so none of this runs in the step loop."""
-    bad_words: BadWords | None
+    bad_words: object | None  # features/logit_edits.py's BadWords
     allowed: frozenset[int] | None  # allowed_token_ids as a set: each drawn token is checked against it
-    matcher: llguidance.LLMatcher | None  # the grammar compiled and checked; each completion follows a copy
+    matcher: object | None  # the grammar compiled and checked (an llguidance.LLMatcher); each completion follows a copy
 
 
 def prepare(params: SamplingParams, tokenizer) -> Prepared:
@@ -39,8 +36,9 @@ def prepare(params: SamplingParams, tokenizer) -> Prepared:
             raise InvalidParameter("stop strings and bad_words need the tokenizer: pass tokenizer=...",
                                    "stop" if params.stop else "bad_words")
         so, allowed = params.structured_outputs, params.allowed_token_ids
-        matcher = grammar_matcher(tokenizer, so) if so is not None else None  # ValueError: this request fails
-        words = tokenize_bad_words(tokenizer, params.bad_words) if params.bad_words else None
+        # ValueError: this request fails
+        matcher = load("structured_outputs", "grammar_matcher")(tokenizer, so) if so is not None else None
+        words = load("banned_tokens", "tokenize_bad_words")(tokenizer, params.bad_words) if params.bad_words else None
         allowed = frozenset(allowed) if allowed is not None else None
         if allowed is not None and words is not None and allowed <= words.banned([]):
             raise InvalidParameter("allowed_token_ids: every allowed token is one of bad_words", "allowed_token_ids")
@@ -72,7 +70,9 @@ class Request:
         # 05's async scheduling must not run it ahead of that token.
         self.waits_for_last_token = self.matcher is not None or (self.bad_words is not None
                                                                  and self.bad_words.multi_token)
-        self.edits_logits = params.edits_logits  # asked once here, not for every sequence at every step
+        self.features = features_of(params)  # asked once here, not for every sequence at every step
+        # Its constraints check each drawn token (and its grammar follows it)
+        self.checks_tokens = bool(self.features & {"allowed_token_ids", "banned_tokens", "structured_outputs"})
         self.finish_reason: str | None = None
         self.stop_reason: int | str | None = None  # vLLM's: which stop_token_ids entry or stop string
         self.new_text = ""  # text that became final with the last token (when streaming)
@@ -94,11 +94,10 @@ class Request:
         return self.token_ids[self.num_prompt_tokens:]
 
     def append(self, token: int) -> None:
-        """Take the token drawn for this request. A token its own constraints forbid raises ValueError: the
-        sampler draws one only when they forbid every token (allowed_token_ids that are all bad words, say),
-        and the request then ends with that error, never with a token it ruled out."""
-        if self.params.edits_logits:
-            self._check_allowed(token)
+        """Take the token drawn for this request. A token its own constraints forbid raises ValueError
+        (features/logit_edits.py's check_drawn): the request ends with that error."""
+        if self.checks_tokens:
+            load("banned_tokens", "check_drawn")(self, token)
         self.token_ids.append(token)
         may_stop = self.num_output_tokens >= self.params.min_tokens
         self.new_text = self.detok.add(token, may_stop) if self.detok is not None else ""
@@ -112,20 +111,6 @@ class Request:
             self.finish_reason = "length"
         if self.finish_reason is not None and self.detok is not None:
             self.new_text += self.detok.flush()
-
-    def _check_allowed(self, token: int) -> None:
-        output, p = self.output_ids, self.params
-        broken = ("allowed_token_ids" if self.allowed is not None and token not in self.allowed else
-                  "bad_words" if self.bad_words is not None and token in self.bad_words.banned(output) else
-                  "min_tokens" if token in self.stop_ids and len(output) < p.min_tokens else None)
-        if broken is not None:
-            raise ValueError(f"this request's constraints forbid every token after {len(output)} output tokens "
-                             f"(allowed_token_ids, bad_words, min_tokens and structured_outputs leave nothing; "
-                             f"the draw broke {broken})")
-        if self.matcher is not None and (not self.matcher.consume_token(token) or self.matcher.is_error()):
-            error = self.matcher.get_error().strip().split("\n")[0][:300]  # llguidance's, short
-            raise ValueError(f"structured_outputs: the grammar cannot go on after {len(output)} output tokens "
-                             f"({error or 'no token of its own mask fits what came before'})")
 
     def stream_text(self) -> None:
         """Make new_text after every token from now on (before the first token: a stream asks for it)."""

@@ -6,8 +6,6 @@ import dataclasses
 import math
 from dataclasses import dataclass, field
 
-from nanoserve.engine.structured_outputs import StructuredOutputsParams
-
 
 class InvalidParameter(ValueError):
     """A request parameter that this engine cannot take (a token id beyond the model's vocabulary, say); .param
@@ -16,6 +14,33 @@ class InvalidParameter(ValueError):
     def __init__(self, message: str, param: str):
         super().__init__(message)
         self.param = param
+
+
+@dataclass
+class StructuredOutputsParams:
+    """Exactly one constraint: json (a JSON schema, a dict or its text), regex, choice (the output is one of
+    these strings), grammar (Lark, llguidance's dialect; a GBNF grammar, with ::=, is converted) or
+    json_object (any JSON object)."""
+    json: dict | str | None = None
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool = False
+
+    def __post_init__(self):
+        given = [name for name in ("json", "regex", "choice", "grammar") if getattr(self, name) is not None]
+        given += ["json_object"] if self.json_object is True else []
+        if len(given) != 1 or not isinstance(self.json_object, bool):
+            raise ValueError(f"structured_outputs: give exactly one of json, regex, choice, grammar or "
+                             f"json_object=True, got {given or 'none'}")
+        if self.json is not None and not isinstance(self.json, (dict, str)):
+            raise ValueError(f"structured_outputs: json must be a JSON schema (a dict or its text), got {self.json!r:.60}")
+        if self.choice is not None and (isinstance(self.choice, str) or not self.choice
+                                        or not all(isinstance(c, str) and c for c in self.choice)):
+            raise ValueError(f"structured_outputs: choice must be a list of non-empty strings, got {self.choice!r:.60}")
+        for name in ("regex", "grammar"):
+            if getattr(self, name) is not None and not (isinstance(getattr(self, name), str) and getattr(self, name)):
+                raise ValueError(f"structured_outputs: {name} must be a non-empty string")
 
 
 @dataclass
@@ -34,7 +59,7 @@ class SamplingParams:
     n: int = 1  # completions of the prompt (the engine shares the prompt's KV blocks among them)
     logprobs: int | None = None  # also return each new token's log-probability and the top-k of its step
     prompt_logprobs: int | None = None  # each prompt token's log-probability (and the top-k there): the engine's
-    # Edits of the logits before the draw (engine/logits_processors.py), as vLLM defines them:
+    # Edits of the logits before the draw (features beside the core: engine/features.py), as vLLM defines them:
     presence_penalty: float = 0.0  # minus this for every token the output has used (OpenAI's, in [-2, 2])
     frequency_penalty: float = 0.0  # minus this times how often the output has used the token ([-2, 2])
     repetition_penalty: float = 1.0  # tokens of the prompt or output: logit / p if positive, * p if not
@@ -44,6 +69,7 @@ class SamplingParams:
     skip_special_tokens: bool = True  # leave special tokens out of the text
     truncate_prompt_tokens: int | None = None  # keep only the prompt's last k tokens (-1: max_model_len)
     structured_outputs: StructuredOutputsParams | None = None  # a JSON schema, regex, choice or grammar to follow
+    extra_args: dict | None = None  # for the LLM's own logits processors (vLLM's): each reads what it needs
 
     def __post_init__(self):
         def bad(message):
@@ -99,6 +125,8 @@ class SamplingParams:
             bad(f"structured_outputs must be a StructuredOutputsParams, got {self.structured_outputs!r:.60}")
         if self.structured_outputs is not None and self.min_tokens:  # a finished grammar allows only the end
             bad("min_tokens cannot be combined with structured_outputs (the grammar says where the output ends)")
+        if self.extra_args is not None and not isinstance(self.extra_args, dict):
+            bad(f"extra_args must be a dict or None, got {self.extra_args!r:.100}")
         if not all(isinstance(w, str) and w.strip() for w in self.bad_words):
             bad(f"bad_words must be a list of non-empty strings, got {self.bad_words!r:.100}")
 
@@ -123,13 +151,6 @@ class SamplingParams:
             if not all(t >= 0 and math.isfinite(b) for t, b in bias.items()):
                 bad(f"logit_bias must map token ids (>= 0) to finite numbers, got {self.logit_bias!r:.100}")
             self.logit_bias = {t: min(100.0, max(-100.0, b)) for t, b in bias.items()}  # vLLM's clamp
-
-    @property
-    def edits_logits(self) -> bool:
-        """Does this request change the logits before its draw (so the step runs the logits processors)?"""
-        return bool(self.min_p or self.min_tokens or self.presence_penalty or self.frequency_penalty
-                    or self.repetition_penalty != 1 or self.logit_bias or self.allowed_token_ids is not None
-                    or self.bad_words or self.structured_outputs is not None)
 
     def clone(self, **changes) -> "SamplingParams":
         """A copy, with `changes` (checked as a new SamplingParams is)."""

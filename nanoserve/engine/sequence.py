@@ -5,6 +5,7 @@
 import time
 from enum import Enum
 
+from nanoserve.engine.features import load
 from nanoserve.engine.request import Request
 
 
@@ -24,7 +25,9 @@ class Sequence(Request):
         self.num_preemptions = 0
         self.index = index  # which of its request's n completions this is
         self.forks: list[Sequence] = []  # the request's other completions, until this one's prompt is computed
-        self.logprobs: list[dict[int, float]] | None = [] if params.logprobs is not None else None
+        # logprobs=k: a list of {token: Logprob} per output token, made as it is read
+        self.logprobs = load("logprobs", "LogprobsList")(params.logprobs, tokenizer) if "logprobs" in self.features \
+            else None
         self.error: str | None = None  # why it failed alone (finish_reason "error"; LLMEngine.fail)
         self.num_cached_tokens = 0  # of its prompt, found in the prefix cache when first admitted
         # For RequestOutput.metrics (vLLM's RequestMetrics), wall-clock seconds (time.time())

@@ -36,7 +36,7 @@ from starlette.exceptions import HTTPException
 from nanoserve import __version__
 from nanoserve.engine.request import prepare
 from nanoserve.engine.sampling_params import InvalidParameter
-from nanoserve.engine.structured_outputs import ll_tokenizer
+from nanoserve.features.structured_outputs import ll_tokenizer
 from nanoserve.serve.async_engine import AsyncEngine, EngineStopped, QueueFull, RequestFailed, RequestStream
 from nanoserve.serve.chat_template import TemplateRefused, TemplateWorkers, check_variables, render
 from nanoserve.serve.metrics import ServerMetrics

@@ -16,7 +16,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from nanoserve.engine.sampling_params import SamplingParams
-from nanoserve.engine.structured_outputs import StructuredOutputsParams
+from nanoserve.engine.sampling_params import StructuredOutputsParams
 
 
 class BadRequest(ValueError):
