@@ -126,9 +126,9 @@ def build_parser() -> argparse.ArgumentParser:
                             "outputs): the workload with every request asking for one, against the plain workload; "
                             "no transformers baseline")
     # None: not given (a usage error without --features, rather than a flag that is ignored)
-    bench.add_argument("--rounds", type=_positive_int, default=None,
+    bench.add_argument("--rounds", type=_positive_int, default=None, metavar="R",
                        help="with --features: rounds, alternating the rows' order (default 2)")
-    bench.add_argument("--max-tokens", type=_positive_int, default=None,
+    bench.add_argument("--max-tokens", type=_positive_int, default=None, metavar="N",
                        help="with --features: each request's max_tokens capped at N (default 256)")
     add_serve_parser(sub)
     add_bench_serve_parser(sub)

@@ -107,6 +107,15 @@ class LogprobsList(Sequence):
         """The sum of the drawn tokens' log-probs."""
         return float(sum(numbers[-2] for numbers, _ in self.steps))
 
+    def __add__(self, other) -> list:
+        return list(self) + list(other)
+
+    def __radd__(self, other) -> list:
+        return list(other) + list(self)
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, (list, LogprobsList)) and list(self) == list(other)
+
     def __repr__(self) -> str:
         return repr(list(self))
 
