@@ -9,6 +9,7 @@ from nanoserve.engine.features import features_of, load
 from nanoserve.engine.sampling_params import InvalidParameter, SamplingParams
 
 
+
 @dataclass
 class Completion:
     token_ids: list[int]
