@@ -23,6 +23,7 @@ import subprocess
 import sys
 import threading
 import time
+import warnings
 from dataclasses import dataclass, field
 
 import httpx
@@ -77,17 +78,20 @@ def server():
 
 
 @pytest.fixture(scope="module")
-def tokenizer():
+def words() -> list[str]:
+    """The vocabulary's words: its tokens that are a space and 4 or more lowercase ASCII letters (22,129)."""
     from transformers import AutoTokenizer
 
     path = resolve_model(MODEL)
     assert json.loads((path / "config.json").read_text())["vocab_size"] == VOCAB_SIZE
     tokenizer = AutoTokenizer.from_pretrained(path)
     assert 150_000 < len(tokenizer) <= VOCAB_SIZE  # the rows past the tokenizer's are real logits too
-    return tokenizer
+    tokens = tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))
+    return sorted({t[1:] for t in tokens if t.startswith("Ġ") and len(t) >= 5 and t[1:].isascii()
+                   and t[1:].isalpha() and t[1:].islower()})
 
 
-def feature_fields(feature: str, tokenizer) -> dict:
+def feature_fields(feature: str, words: list[str]) -> dict:
     """The big request's extra fields for each feature, as a client sends them (vLLM's extra fields included)."""
     if feature == "grammar":  # 300 letters: no completion can finish it (and leave the batch) within 16 tokens
         return {"structured_outputs": {"regex": "[a-z ]{300}"}}
@@ -97,10 +101,7 @@ def feature_fields(feature: str, tokenizer) -> dict:
         return {"logit_bias": {str(t): 0.5 for t in range(VOCAB_SIZE)}}
     if feature == "allowed_token_ids":
         return {"allowed_token_ids": list(range(VOCAB_SIZE))}
-    if feature == "bad_words":  # 10,000 distinct real words of the vocabulary (" word" is one token each)
-        tokens = tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))
-        words = sorted({t[1:] for t in tokens if t.startswith("Ġ") and len(t) >= 5 and t[1:].isascii()
-                        and t[1:].isalpha() and t[1:].islower()})
+    if feature == "bad_words":  # 10,000 distinct real words (" word" is one token: every step bans 10,000 tokens)
         assert len(words) >= 20_000
         return {"bad_words": words[::2][:10_000]}
     raise ValueError(feature)
@@ -207,8 +208,8 @@ def bystander_beside(url: str, extra: dict) -> Trial:
 
 
 @pytest.mark.parametrize("feature", FEATURES)
-def test_a_feature_of_one_request_does_not_slow_a_bystander(server, tokenizer, feature):
-    extra = feature_fields(feature, tokenizer)
+def test_a_feature_of_one_request_does_not_slow_a_bystander(server, words, feature):
+    extra = feature_fields(feature, words)
     pairs = []
     while True:
         plain, featured = bystander_beside(server, {}), bystander_beside(server, extra)
@@ -224,7 +225,9 @@ def test_a_feature_of_one_request_does_not_slow_a_bystander(server, tokenizer, f
     for trial in (plain, featured):
         assert max(trial.health_s) < HEALTH_LIMIT, \
             f"/health was slow beside the big request ({feature if trial is featured else 'plain'}): {trial.health()}"
-    assert ratio <= LIMIT, (
-        f"{feature} on a request of n={N} slows a bystander's 4-token greedy completion {ratio:.2f}x: "
-        f"{featured.bystander_s:.2f} s beside it against {plain.bystander_s:.2f} s beside the same request "
-        f"without {feature} (target <= {TARGET}x, asserted <= {LIMIT}x; best of {len(pairs)} pair(s))")
+    message = (f"{feature} on a request of n={N} slows a bystander's 4-token greedy completion {ratio:.2f}x: "
+               f"{featured.bystander_s:.2f} s beside it against {plain.bystander_s:.2f} s beside the same request "
+               f"without {feature} (target <= {TARGET}x, asserted <= {LIMIT}x; best of {len(pairs)} pair(s))")
+    assert ratio <= LIMIT, message
+    if ratio > TARGET:  # within what the test allows, not within the target: said in pytest's warnings summary
+        warnings.warn(message, stacklevel=1)

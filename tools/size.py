@@ -1,62 +1,84 @@
 #!/usr/bin/env python3
-"""The core engine's size, as issue 21 measures it: nanoserve/ without checks/, serve/, cli.py, bench.py, the
-model zoo and the Triton kernels (and without the course area, course/, which is off the engine's path).
+"""The engine's size, as a learner meets it (issue 40's budget), in three numbers:
 
-    python tools/size.py            lines, code lines, classes, in-package subclass pairs, deepest inheritance
+* core: the modules that a plain request imports and runs, `LLM(model).generate(prompts, SamplingParams(
+  temperature, top_k, top_p, seed, stop, n))`: those a CPU run imports (found by running one, in a fresh
+  process), and those a GPU adds (CUDA graphs, the fused sampler, tensor parallelism's workers and layers);
+* features: nanoserve/features/, what a request must ask for;
+* kernels: the Triton files.
+And the lines of the files whose code a plain CPU step runs (traced), and the core's lines over 100 characters.
+
+    python tools/size.py          the numbers
+    python tools/size.py --json   the same, as JSON
 """
-import ast
-import io
+import json
+import subprocess
 import sys
-import tokenize
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent / "nanoserve"
-LEFT_OUT = ("checks", "serve", "course")
-LEFT_OUT_FILES = ("cli.py", "bench.py", "zoo.py", "triton_paged.py", "triton_fused.py")
+GPU_PATH = ["engine/cuda_graphs.py", "engine/fused_sampler.py", "engine/tp_workers.py", "model/tp_layers.py",
+            "model/qwen3_fused.py"]
+KERNELS = ("triton_paged.py", "triton_fused.py")
+
+# A plain request in a fresh process: the nanoserve files it imports, and those whose code its steps run.
+PLAIN = """
+import json, sys
+from nanoserve import LLM, SamplingParams
+llm = LLM("tiny-qwen3", device="cpu", max_model_len=256, num_gpu_blocks_override=64)
+params = SamplingParams(temperature=0.8, top_k=20, top_p=0.9, seed=1, stop=["zz"], n=2, max_tokens=6,
+                        **json.loads(sys.argv[1]))
+llm.generate(["Hello there", "One two three"], params, use_tqdm=False)  # warm: imports and first calls
+ran = set()
+def tracer(frame, event, arg):
+    if event == "call" and "nanoserve" in frame.f_code.co_filename:
+        ran.add((frame.f_code.co_filename, frame.f_code.co_qualname))
+sys.setprofile(tracer)
+llm.generate(["Hello there", "One two three"], params, use_tqdm=False)
+sys.setprofile(None)
+imported = sorted({m.__file__ for name, m in sys.modules.items() if name.startswith("nanoserve") and
+                   getattr(m, "__file__", None)})
+print(json.dumps({"imported": imported, "ran": sorted(ran)}))
+"""
 
 
-def core_files() -> list[Path]:
-    return sorted(p for p in ROOT.rglob("*.py")
-                  if not set(p.relative_to(ROOT).parts[:-1]) & set(LEFT_OUT) and p.name not in LEFT_OUT_FILES)
+def trace_plain_request(**extra) -> dict:
+    """What a plain request (with `extra` SamplingParams fields: then not plain) imports and runs."""
+    out = subprocess.run([sys.executable, "-c", PLAIN, json.dumps(extra)], capture_output=True, text=True, check=True,
+                         cwd=ROOT.parent, env={"OMP_NUM_THREADS": "1", **__import__("os").environ})
+    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def code_lines(text: str) -> int:
-    """Lines with code on them: not blank, not only a comment, not inside a docstring."""
-    tree, doc_lines = ast.parse(text), set()
-    for node in ast.walk(tree):
-        body = getattr(node, "body", None)
-        if isinstance(body, list) and body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) \
-                and isinstance(body[0].value.value, str):
-            doc_lines.update(range(body[0].lineno, body[0].end_lineno + 1))
-    lines = set()
-    for tok in tokenize.generate_tokens(io.StringIO(text).readline):
-        if tok.type not in (tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT,
-                            tokenize.ENDMARKER):
-            lines.update(range(tok.start[0], tok.end[0] + 1))
-    return len(lines - doc_lines)
+def lines(paths) -> int:
+    return sum(len(Path(p).read_text().splitlines()) for p in paths)
+
+
+def measure() -> dict:
+    traced = trace_plain_request()
+    imported = {Path(p).resolve() for p in traced["imported"]}
+    core = sorted({p for p in imported if p.name not in KERNELS} | {ROOT / p for p in GPU_PATH})
+    features = sorted((ROOT / "features").glob("*.py"))
+    kernels = sorted(ROOT / "kernels" / k for k in KERNELS)
+    step_files = sorted({Path(f).resolve() for f, _ in traced["ran"]})
+    return {
+        "core": {"lines": lines(core), "files": [str(p.relative_to(ROOT)) for p in core]},
+        "features": {"lines": lines(features), "files": [str(p.relative_to(ROOT)) for p in features]},
+        "kernels": {"lines": lines(kernels)},
+        "plain_step_files": {"lines": lines(step_files), "files": [str(p.relative_to(ROOT)) for p in step_files]},
+        "core_lines_over_100": sum(len(line) > 100 for p in core for line in p.read_text().splitlines()),
+        "feature_code_in_plain_step": [q for f, q in traced["ran"] if "/features/" in f],
+    }
 
 
 def main() -> int:
-    files, total, code, classes, bases = core_files(), 0, 0, {}, {}
-    for path in files:
-        text = path.read_text()
-        total += len(text.splitlines())
-        code += code_lines(text)
-        for node in ast.walk(ast.parse(text)):
-            if isinstance(node, ast.ClassDef):
-                classes[node.name] = path
-                # a base named plainly (a name of the package); `nn.Linear` and the like are torch's
-                bases[node.name] = [b.id for b in node.bases if isinstance(b, ast.Name)]
-    pairs = [(c, b) for c, bs in bases.items() for b in bs if b in classes]
-
-    def depth(name: str) -> int:
-        return 1 + max((depth(b) for b in bases.get(name, []) if b in classes), default=0)
-
-    deepest = max(classes, key=depth)
-    long_lines = sum(len(line) > 100 for p in files if "engine" in p.parts for line in p.read_text().splitlines())
-    print(f"{len(files)} files, {total} lines ({code} of them code), {len(classes)} classes, "
-          f"{len(pairs)} in-package subclass pairs {pairs}, inheritance {depth(deepest)} deep ({deepest}); "
-          f"engine/ lines over 100 characters: {long_lines}")
+    found = measure()
+    if "--json" in sys.argv:
+        print(json.dumps(found, indent=1))
+        return 0
+    for name in ("core", "features", "kernels", "plain_step_files"):
+        print(f"{name:18s} {found[name]['lines']:6,} lines")
+    print(f"core lines over 100 characters: {found['core_lines_over_100']}")
+    print(f"feature functions a plain step calls: {found['feature_code_in_plain_step'] or 'none'}")
     return 0
 
 
