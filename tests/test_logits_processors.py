@@ -248,3 +248,37 @@ def test_stop_reason_and_num_cached_tokens(llm):
     first = llm.generate([prompt], greedy, use_tqdm=False)[0]
     again = llm.generate([prompt + [1, 2]], greedy.clone(n=2, seed=1), use_tqdm=False)[0]
     assert first.num_cached_tokens == 0 and again.num_cached_tokens == 32
+
+
+def test_a_logits_processor_of_your_own_edits_only_the_requests_that_want_it():
+    """vLLM's logits_processors argument: a LogitsProcessor class with per-slot state on the device."""
+    from nanoserve.engine.features import LogitsProcessor
+
+    class ForceToken(LogitsProcessor):
+        """Requests whose extra_args hold {"ForceToken": t} draw t, every time."""
+
+        def __init__(self, *args):
+            super().__init__(*args)
+            self.token = torch.zeros(self.max_rows, dtype=torch.long, device=self.device)
+
+        def add(self, slot, seq):
+            self.token[slot] = seq.params.extra_args["ForceToken"]
+
+        def apply(self, logits, rows):
+            forced = self.token[rows.slots]
+            keep = logits[rows.index, forced]
+            logits[rows.index] = float("-inf")
+            logits[rows.index, forced] = keep
+
+    prompts = ["one", "two", "three"]
+    params = [SamplingParams(max_tokens=5, seed=i, extra_args={"ForceToken": 40 + i} if i != 1 else None)
+              for i in range(3)]
+    with LLM("tiny-qwen3", device="cpu", max_model_len=64, num_gpu_blocks_override=32,
+             logits_processors=[ForceToken]) as llm:
+        outs = llm.generate(prompts, params, use_tqdm=False)
+    with LLM("tiny-qwen3", device="cpu", max_model_len=64, num_gpu_blocks_override=32) as plain:
+        alone = plain.generate(prompts[1], params[1], use_tqdm=False)[0]
+    assert outs[0].outputs[0].token_ids == [40] * 5 and outs[2].outputs[0].token_ids == [42] * 5
+    assert outs[1].outputs[0].token_ids == alone.outputs[0].token_ids != [41] * 5
+    with pytest.raises(ValueError, match="logits_processors"):
+        LLM("tiny-qwen3", device="cpu", logits_processors=[object])

@@ -277,6 +277,9 @@ class EngineArgs:
     fused_ops: bool = True  # lesson 06's fused model (False: lesson 01's)
     generation_config: str = "auto"  # sampling defaults: "auto" (the checkpoint's), "vllm" (none) or a folder
     tokenizer: str | None = None  # a tokenizer directory or zoo name of its own (None: the model's)
+    # vLLM's logits_processors: LogitsProcessor classes of your own (engine/features.py), for the requests
+    # each wants (its wanted(params); by default those whose SamplingParams.extra_args name the class)
+    logits_processors: tuple = ()
     parts: EngineParts = field(default_factory=EngineParts)
 
     def __post_init__(self):
@@ -288,6 +291,10 @@ class EngineArgs:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < lowest:
                 raise ValueError(f"{name} must be an integer >= {lowest}, got {value!r}")
+        from nanoserve.engine.features import LogitsProcessor
+        self.logits_processors = tuple(self.logits_processors)
+        if not all(isinstance(c, type) and issubclass(c, LogitsProcessor) for c in self.logits_processors):
+            raise ValueError(f"logits_processors must be LogitsProcessor classes, got {self.logits_processors!r:.100}")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int):
             raise ValueError(f"seed must be an integer, got {self.seed!r}")
         for name in ("enable_prefix_caching", "enable_chunked_prefill", "custom_all_reduce", "fused_ops",
@@ -401,7 +408,7 @@ class LLM:
             self.workers.build(cache.block_manager.num_blocks, cache.block_size, cache.k_cache.dtype,
                                args.max_num_seqs, args.max_num_batched_tokens, self.max_model_len)
         runner = ModelRunner(self.model, cache, args.max_num_seqs, args.max_num_batched_tokens, self.max_model_len,
-                             sampler, graphs, self.workers)
+                             sampler, graphs, self.workers, args.logits_processors)
         if graphs is not None:
             graphs.start(runner)  # compile what the first requests would wait for, then record the graphs
         return runner
