@@ -11,8 +11,10 @@ completions has its first token, so it shares the big request's decode steps, an
 Target: the bystander's time beside the request with the feature <= 1.5x its time beside the same request
 without it (TARGET). The test allows 2.0x (LIMIT), and a second pair of measurements when the first lands
 between LIMIT and 2 * LIMIT: on a loaded CI machine (2 pytest workers on 2 cores) one timing can be off by
-tens of percent, while the known bad cases are far beyond (logit_bias and allowed_token_ids over the whole
-vocabulary made the bystander 6-10x slower). /health must answer within HEALTH_LIMIT seconds all along.
+tens of percent, while the known bad cases are far beyond: at 312df7f (before features moved beside the core),
+on 2 cores, logit_bias and allowed_token_ids over the whole vocabulary made the bystander 5.6-8.2x slower
+(each step built Python lists of 128 x 151,936 entries), and /health waited up to 3 s. /health must answer
+within HEALTH_LIMIT seconds all along.
 
 Run alone, with every number printed: pytest -q -s -p no:randomly tests/test_feature_fairness.py
 """
@@ -49,17 +51,20 @@ def free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def server():
+def server(tmp_path_factory):
     """One server for every feature: a real `nanoserve serve` process on the CPU, with its defaults
-    (max_num_seqs 256: the big request's 128 completions and the bystander share every step)."""
+    (max_num_seqs 256: the big request's 128 completions and the bystander share every step). Its output goes
+    to a file (a pipe nobody reads would stop it once full)."""
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "nanoserve.cli", "serve", MODEL, "--port", str(port),
-                             "--device", "cpu"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    log = tmp_path_factory.mktemp("server") / "server.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "nanoserve.cli", "serve", MODEL, "--port", str(port),
+                                 "--device", "cpu"], stdout=out, stderr=subprocess.STDOUT, text=True)
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 120
         while True:
-            assert proc.poll() is None, f"the server exited: {proc.stdout.read()}"
+            assert proc.poll() is None, f"the server exited: {log.read_text()[-3000:]}"
             assert time.monotonic() < deadline, "the server did not become healthy"
             try:
                 if httpx.get(f"{url}/health").status_code == 200:
@@ -101,7 +106,7 @@ def feature_fields(feature: str, words: list[str]) -> dict:
         return {"logit_bias": {str(t): 0.5 for t in range(VOCAB_SIZE)}}
     if feature == "allowed_token_ids":
         return {"allowed_token_ids": list(range(VOCAB_SIZE))}
-    if feature == "bad_words":  # 10,000 distinct real words (" word" is one token: every step bans 10,000 tokens)
+    if feature == "bad_words":  # 10,000 distinct real words (" word" is one token: each row bans 10,000+ every step)
         assert len(words) >= 20_000
         return {"bad_words": words[::2][:10_000]}
     raise ValueError(feature)
@@ -222,12 +227,14 @@ def test_a_feature_of_one_request_does_not_slow_a_bystander(server, words, featu
             break
     plain, featured = min(pairs, key=lambda p: p[1].bystander_s / p[0].bystander_s)
     ratio = featured.bystander_s / plain.bystander_s
-    for trial in (plain, featured):
-        assert max(trial.health_s) < HEALTH_LIMIT, \
-            f"/health was slow beside the big request ({feature if trial is featured else 'plain'}): {trial.health()}"
     message = (f"{feature} on a request of n={N} slows a bystander's 4-token greedy completion {ratio:.2f}x: "
                f"{featured.bystander_s:.2f} s beside it against {plain.bystander_s:.2f} s beside the same request "
                f"without {feature} (target <= {TARGET}x, asserted <= {LIMIT}x; best of {len(pairs)} pair(s))")
-    assert ratio <= LIMIT, message
+    problems = [message] if ratio > LIMIT else []
+    for i, trial in enumerate(t for pair in pairs for t in pair):
+        if max(trial.health_s) >= HEALTH_LIMIT:
+            problems.append(f"/health was slow beside the big request {'with' if i % 2 else 'without'} {feature}: "
+                            f"{trial.health()} (limit {HEALTH_LIMIT} s)")
+    assert not problems, "; ".join(problems)
     if ratio > TARGET:  # within what the test allows, not within the target: said in pytest's warnings summary
         warnings.warn(message, stacklevel=1)
