@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# H200: issue 40's features beside the core. The GPU checks of the logits processors and structured outputs
+# H200: the features beside the core. The GPU checks of the logits processors and structured outputs
 # (fp32 token equality alone / batched / eager, constraints in bf16), then `nanoserve bench --features`.
 #   bash bench/gpu_features.sh        (.whl carried: the wheels the GPU image lacks, llguidance among them)
 set -u

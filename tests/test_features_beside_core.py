@@ -1,4 +1,4 @@
-"""Features beside the core (issue 40): a plain request's step runs no feature code, and no core module imports
+"""Features beside the core: a plain request's step runs no feature code, and no core module imports
 a feature module (the engine finds a feature through engine/features.py's table, when a request asks)."""
 import ast
 import sys

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The engine's size, as a learner meets it (issue 40's budget), in three numbers:
+"""The engine's size, as a learner meets it, in three numbers:
 
 * core: the modules that a plain request imports and runs, `LLM(model).generate(prompts, SamplingParams(
   temperature, top_k, top_p, seed, stop, n))`: those a CPU run imports (found by running one, in a fresh
