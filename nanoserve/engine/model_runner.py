@@ -99,8 +99,9 @@ class ModelRunner:
         tokens = self.sampler(edited, [s.params for s in sampled], [s.seed for s in sampled], steps)
         if launched.features:
             self.processors.drawn(tokens)
-            if "logprobs" in launched.features:  # the model's, as vLLM's
-                launched.logprobs = load("logprobs")(logits, tokens, [s.params.logprobs for s in sampled])
+            ks = [s.params.logprobs for s in sampled]  # a prefilling sequence may be the one that asked
+            if any(k is not None for k in ks):  # the model's, as vLLM's
+                launched.logprobs = load("logprobs")(logits, tokens, ks)
         host, self.turn = self.host_tokens[self.turn][:len(sampled)], self.turn ^ 1
         host.copy_(tokens, non_blocking=True)
         launched.tokens, launched.host, launched.done = tokens, host, record_event(tokens)
