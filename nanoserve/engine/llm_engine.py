@@ -129,14 +129,7 @@ class LLMEngine:
         except BaseException:
             self.forget(self.in_flight, current)
             raise
-        out = self.process(current, tokens, logprobs)
-        if self.in_flight is not None and self.in_flight.waits:  # its draw needed these tokens (a grammar's)
-            try:
-                self.runner.draw(self.in_flight)  # its forward runs on the device meanwhile
-            except BaseException:
-                self.forget(self.in_flight)
-                raise
-        return out
+        return self.process(current, tokens, logprobs)
 
     def schedule(self) -> ScheduledBatch:
         self.step_seqs = self.scheduler.running  # while scheduling: whoever runs (this list, as it grows)

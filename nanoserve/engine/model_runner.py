@@ -44,7 +44,7 @@ class LaunchedStep:
 
     @property
     def waits(self) -> bool:
-        """Is its draw still to be made (LLMEngine.step makes it once the step before is processed)?"""
+        """Is its draw still to be made (once the step before is processed)?"""
         return self.logits is not None
 
 
@@ -69,7 +69,10 @@ class ModelRunner:
         """Queue the step on the device and return without waiting for it. feed: the step before, whose
         sampled tokens are this step's placeholders (async scheduling). A sequence whose draw needs its last
         token on the host (a grammar's), while that token is still a placeholder, holds the draw back: the
-        step comes back waiting, and draw() makes it later."""
+        step comes back waiting, and its draw is made once the step before is processed: when the next step
+        is launched (its tokens feed that step) or collected, whichever comes first."""
+        if feed is not None and feed.waits:
+            self.draw(feed)
         if all(n == 1 for n in batch.num_new):  # a decode step: the longest contexts in the first rows
             batch = batch.longest_first()
         step, sampled = prepare_inputs(batch), [s for s, x in zip(batch.seqs, batch.sampled) if x]
