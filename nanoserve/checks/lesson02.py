@@ -106,9 +106,97 @@ def check_unpack_bitmask(unpack_bitmask) -> None:
     print("✓ unpack_bitmask matches llguidance's masking (signs, padding, a vocabulary beyond the mask)")
 
 
+def check_penalties(Penalties) -> None:
+    """One processor over many steps, against the formula (transformers' RepetitionPenaltyLogitsProcessor over
+    the prompt and the output, then minus frequency x count and presence x drawn): rows join, leave and move
+    to other slots; a small vocabulary, so tokens are drawn many times and are often in the prompt too;
+    penalties below 1 and negative; banned (-inf) logits; rows of the step that use no penalty; a drawn token
+    still on the device (async scheduling); and draws that are never processed (an error, Ctrl-C)."""
+    import math
+    import random
+    from types import SimpleNamespace
+
+    from transformers import RepetitionPenaltyLogitsProcessor
+
+    from nanoserve.engine.features import Rows
+    from nanoserve.engine.sampling_params import SamplingParams
+
+    rng = random.Random(25)
+    for case in range(8):
+        vocab, max_rows = rng.choice([6, 11, 40]), rng.randint(1, 6)
+        penalties = Penalties(max_rows, vocab, torch.device("cpu"))
+        live, free, waiting = {}, list(range(max_rows)), []  # slot -> sequence; sequences not running
+        for step in range(24):
+            for slot in [s for s in live if rng.random() < 0.15]:  # leave (some come back later, elsewhere)
+                waiting.append(live.pop(slot))
+                free.append(slot)
+            while free and (not live or rng.random() < 0.4):  # join, at any free slot
+                slot = free.pop(rng.randrange(len(free)))
+                if waiting and rng.random() < 0.5:
+                    seq = waiting.pop(rng.randrange(len(waiting)))
+                    if seq.pending is not None:  # its token in flight was processed before it left
+                        seq.output_ids.append(seq.pending)
+                        seq.pending = None
+                else:
+                    p = SamplingParams(repetition_penalty=rng.choice([1.0, 0.6, 1.5, 2.0]),
+                                       frequency_penalty=rng.choice([0.0, -1.0, 0.5, 2.0]),
+                                       presence_penalty=rng.choice([0.0, 1.5, -0.5]))
+                    seq = SimpleNamespace(params=p, prompt_ids=[rng.randrange(vocab) for _ in range(rng.randint(1, 6))],
+                                          output_ids=[rng.randrange(vocab) for _ in range(rng.randint(0, 4))],
+                                          pending=None)
+                penalties.add(slot, seq)
+                live[slot] = seq
+            order = rng.sample(sorted(live), len(live))  # rows move between steps
+            size = len(order) + rng.randint(0, 2)  # the step's other rows use no penalty
+            index = rng.sample(range(size), len(order))
+            seqs = [live[s] for s in order]
+            logits = torch.randn(size, vocab) * 3
+            logits[torch.rand(size, vocab) < 0.15] = -math.inf  # banned by an earlier processor
+            raw = logits.clone()
+            last_inputs = torch.zeros(size, dtype=torch.long)
+            for i, seq in zip(index, seqs):
+                last_inputs[i] = seq.pending if seq.pending is not None else 0
+            rows = Rows(torch.tensor(index), torch.tensor(order), list(order), seqs,
+                        [len(s.output_ids) + (s.pending is not None) for s in seqs], lambda: last_inputs)
+            penalties.apply(logits, rows)
+            want = raw.clone()
+            for i, seq in zip(index, seqs):
+                p, output = seq.params, seq.output_ids + ([seq.pending] if seq.pending is not None else [])
+                ids = torch.tensor([seq.prompt_ids + output])
+                row = RepetitionPenaltyLogitsProcessor(p.repetition_penalty)(ids, raw[i:i + 1].clone())[0]
+                counts = torch.bincount(torch.tensor(output, dtype=torch.long), minlength=vocab).float()
+                want[i] = row - p.frequency_penalty * counts - p.presence_penalty * (counts > 0).float()
+            finite = torch.isfinite(want)
+            bad = (torch.isfinite(logits) != finite) | (finite & ((logits - want).abs() > 1e-4))
+            if bad.any():
+                r, t = bad.nonzero()[0].tolist()
+                seq = seqs[index.index(r)] if r in index else None
+                where = ("a row that uses no penalty: leave it as it is" if seq is None else
+                         f"prompt {seq.prompt_ids}, drawn {seq.output_ids}"
+                         f"{f' and {seq.pending} (still on the device)' if seq.pending is not None else ''}, "
+                         f"{seq.params.repetition_penalty=}, {seq.params.frequency_penalty=}, "
+                         f"{seq.params.presence_penalty=}")
+                raise AssertionError(f"step {step}: row {r}, token {t}: logit {raw[r, t].item():.4f} became "
+                                     f"{logits[r, t].item():.4f}, expected {want[r, t].item():.4f} ({where})")
+            tokens = torch.randint(0, vocab, (size,), generator=torch.Generator().manual_seed(case * 100 + step))
+            penalties.drawn(rows, tokens)
+            for i, seq in zip(index, seqs):
+                if seq.pending is not None:  # the step before is processed now
+                    seq.output_ids.append(seq.pending)
+                    seq.pending = None
+                fate = rng.random()
+                if fate < 0.6:
+                    seq.output_ids.append(int(tokens[i]))  # processed
+                elif fate < 0.85:
+                    seq.pending = int(tokens[i])  # on the device only, until the next step is processed
+                # else: never processed (the step failed): the processor must not count it
+    print("✓ Penalties match the formula step after step (repeats, joins and moves, -inf, lost and pending draws)")
+
+
 EXERCISES = {
     "2.1 store_kv": lambda ns: check_store_kv(ns["store_kv"]),
     "2.2 decode_attention": lambda ns: check_decode_attention(ns["decode_attention"]),
     "2.3 generate": lambda ns: check_generate(ns["generate"]),
     "2.4 unpack_bitmask": lambda ns: check_unpack_bitmask(ns["unpack_bitmask"]),
+    "2.5 penalties": lambda ns: check_penalties(ns["Penalties"]),
 }

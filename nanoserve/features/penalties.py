@@ -3,8 +3,10 @@
 
 """vLLM's penalties: repetition (over the prompt and the output: a logit is divided by it if positive,
 multiplied if not), frequency and presence (over the output: minus the penalty times how often, or whether,
-the token was drawn). Each row's counts of drawn tokens live on the device and grow by the step's tokens
-there: no step reads an output, however long, back from the host."""
+the token was drawn). They touch only the tokens a row has seen, so each row keeps its *history* on the
+device: its prompt's distinct tokens, then every token it draws, each with the penalties it carries. A step
+edits the logits of those tokens alone ([rows, history] values, not [rows, vocabulary]), and a draw appends
+one entry per row, on the device: no step reads an output, however long, back from the host."""
 import torch
 
 from nanoserve.engine.features import LogitsProcessor, to_device
@@ -14,44 +16,77 @@ from nanoserve.engine.features import LogitsProcessor, to_device
 class Penalties(LogitsProcessor):
     def __init__(self, *args):
         super().__init__(*args)
-        shape = (self.max_rows, self.vocab_size)
-        self.counts = torch.zeros(shape, dtype=torch.int32, device=self.device)  # drawn tokens, per row
-        self.in_prompt = torch.zeros(shape, dtype=torch.bool, device=self.device)
-        self.factors = torch.zeros(3, self.max_rows, device=self.device)  # repetition, frequency, presence
-        self.counted = [0] * self.max_rows  # how many drawn tokens each row's counts hold (host bookkeeping)
+        self.factors = torch.ones(3, self.max_rows, device=self.device)  # repetition, frequency, presence
+        self.seen = torch.zeros(self.max_rows, self.vocab_size, dtype=torch.uint8, device=self.device)  # 1 prompt, 2 drawn
+        self.length = torch.zeros(self.max_rows, dtype=torch.long, device=self.device)  # entries in each history
+        self.history = torch.zeros(self.max_rows, 0, dtype=torch.long, device=self.device)  # token of each entry
+        self.weights = torch.zeros(2, self.max_rows, 0, device=self.device)  # its repetition flag, its subtraction
+        self.counted = [-1] * self.max_rows  # drawn tokens each history holds (host bookkeeping; -1: to build)
+        self.prompt_len = [0] * self.max_rows  # its prompt's distinct tokens, the history's first entries
 
     def add(self, slot, seq):
         p = seq.params
         self.factors[:, slot] = torch.tensor([p.repetition_penalty, p.frequency_penalty, p.presence_penalty])
-        self.in_prompt[slot] = False
-        self.in_prompt[slot, to_device(seq.prompt_ids, torch.long, self.device)] = True
-        self.counted[slot] = -1  # counted at its first apply
+        self.counted[slot] = -1  # built at its first apply
 
-    def recount(self, slot: int, seq, step: int, fed) -> None:
-        """Count slot's drawn tokens again from its output: when it joins, and after a step that drew for it
-        was never processed (an error, Ctrl-C). fed(): its last drawn token, still on the device."""
-        output = seq.output_ids[:step]
-        self.counts[slot] = 0
-        if output:
-            ids = to_device(output, torch.long, self.device)
-            self.counts[slot].index_put_((ids,), torch.ones_like(ids, dtype=torch.int32), accumulate=True)
+    def reserve(self, width: int) -> None:
+        """Room for `width` entries in every history (doubling: a row grows by one entry a step)."""
+        if width > self.history.shape[1]:
+            width = max(width, 2 * self.history.shape[1], 64)
+            grow = width - self.history.shape[1]
+            self.history = torch.nn.functional.pad(self.history, (0, grow))
+            self.weights = torch.nn.functional.pad(self.weights, (0, grow))
+
+    def rebuild(self, slot: int, seq, step: int, fed) -> None:
+        """Write slot's history again from its sequence: when it joins, and after a step that drew for it was
+        never processed (an error, Ctrl-C). fed(): its last drawn token, still on the device."""
+        prompt, output = sorted(set(seq.prompt_ids)), seq.output_ids[:step]
+        frequency, presence = seq.params.frequency_penalty, seq.params.presence_penalty
+        repeats, minus, drawn = [1.0] * len(prompt), [0.0] * len(prompt), set()
+        for token in output:  # each entry's penalties, as drawn() gives them
+            repeats.append(float(token not in drawn and token not in prompt))
+            minus.append(frequency + presence * (token not in drawn))
+            drawn.add(token)
+        entries = prompt + output
+        self.reserve(len(entries) + 2)
+        self.seen[slot] = 0
+        self.seen[slot, to_device(prompt, torch.long, self.device)] = 1
+        self.seen[slot, to_device(sorted(drawn), torch.long, self.device)] |= 2
+        self.history[slot], self.weights[:, slot] = 0, 0
+        self.history[slot, :len(entries)] = to_device(entries, torch.long, self.device)
+        self.weights[:, slot, :len(entries)] = to_device([repeats, minus], torch.float32, self.device)
+        self.length[slot] = len(entries)
+        self.prompt_len[slot], self.counted[slot] = len(prompt), step
         if step > len(output):  # async scheduling: its last token is this step's input, not on the host yet
-            self.counts[slot].index_put_((fed().long(),), torch.ones(1, dtype=torch.int32, device=self.device),
-                                         accumulate=True)
-        self.counted[slot] = step
+            self.append(torch.tensor([slot], device=self.device), fed().long())
 
     def apply(self, logits, rows):
         for r, (slot, seq, step) in enumerate(zip(rows.slot_ids, rows.seqs, rows.steps)):
             if self.counted[slot] != step:
-                self.recount(slot, seq, step, lambda: rows.last_inputs()[rows.index[r:r + 1]])
+                self.rebuild(slot, seq, step, lambda: rows.last_inputs()[rows.index[r:r + 1]])
             self.counted[slot] = step + 1  # once drawn() has run
-        part, used = logits[rows.index], self.counts[rows.slots].float()
-        present = used > 0
-        repetition, frequency, presence = self.factors[:, rows.slots, None]
-        seen = present | self.in_prompt[rows.slots]
-        part = torch.where(seen, torch.where(part > 0, part / repetition, part * repetition), part)
-        logits[rows.index] = part - frequency * used - presence * present
+        width = max(self.prompt_len[s] + step for s, step in zip(rows.slot_ids, rows.steps))
+        self.reserve(width + 1)  # and room for this step's token
+        tokens = self.history[rows.slots, :width]  # [R, W]; past a row's length: weights 0
+        at = (rows.index[:, None].expand_as(tokens), tokens)
+        x = logits[at]
+        repetition = self.factors[0, rows.slots, None]
+        repeats, minus = self.weights[:, rows.slots, :width]
+        repeated = torch.where(x > 0, x / repetition, x * repetition)
+        # added, not written: a token drawn twice has two entries (and -inf, a banned token, stays -inf)
+        delta = torch.where((repeats > 0) & (x > float("-inf")), repeated - x, 0.0) - minus
+        logits.index_put_(at, delta, accumulate=True)
 
     def drawn(self, rows, tokens):
-        ones = torch.ones_like(rows.slots, dtype=torch.int32)
-        self.counts.index_put_((rows.slots, tokens[rows.index].long()), ones, accumulate=True)
+        self.append(rows.slots, tokens[rows.index].long())
+
+    def append(self, slots: torch.Tensor, tokens: torch.Tensor) -> None:
+        """Each slot's history gets one more entry: the token it just drew, with the penalties it carries."""
+        before = self.seen[slots, tokens]
+        at = self.length[slots]
+        self.history[slots, at] = tokens
+        self.weights[0, slots, at] = (before == 0).float()  # seen for the first time: repetition applies once
+        first = (before & 2) == 0  # drawn for the first time: presence applies once
+        self.weights[1, slots, at] = self.factors[1, slots] + self.factors[2, slots] * first
+        self.seen[slots, tokens] = before | 2
+        self.length[slots] = at + 1
