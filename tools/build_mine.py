@@ -8,7 +8,7 @@ It writes a complete copy of the package, also named `nanoserve`, in its own fol
 tools/export.py generates from a notebook is assembled the same way (tools/export.py's own functions) from
 your lesson notebook's `#| export` cells -- when none of that module's code still holds an exercise stub
 (`raise NotImplementedError("Exercise N.M: ...")`) and it compiles; otherwise the reference module from
-nanoserve/ goes in, and the table says why. Hand-written modules (cli, zoo, checks, bench, the
+nanoserve/ goes in, and the table says why. Hand-written modules (cli, zoo, offline_models, checks, bench, the
 `__init__`s) and the assets are always the reference's.
 
 The modules import each other as `nanoserve.*`, so the build is switched in by path, not by name:

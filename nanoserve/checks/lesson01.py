@@ -5,7 +5,7 @@ from torch.nn import functional as F
 
 from nanoserve.course.no_cache import NoCache
 from nanoserve.model.config import ModelConfig
-from nanoserve.model.zoo import tiny_init
+from nanoserve.model.offline_models import tiny_init
 
 # Small random models covering the shapes that matter: GQA groups 1, 2 and 4, head_dim 64 and 128,
 # hidden_size != num_heads * head_dim (as in the real Qwen3 models), and the Llama family.
