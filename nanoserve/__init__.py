@@ -7,7 +7,8 @@ edit the notebook and run `make export`, never the generated file.
 __version__ = "0.1.0"
 
 
-PUBLIC = {"LLM": "nanoserve.engine.llm", "EngineArgs": "nanoserve.engine.llm", "EngineParts": "nanoserve.engine.llm",
+PUBLIC = {"LLM": "nanoserve.engine.llm", "EngineArgs": "nanoserve.engine.engine_args",
+          "EngineParts": "nanoserve.engine.engine_args",
           "SamplingParams": "nanoserve.engine.sampling_params",
           "StructuredOutputsParams": "nanoserve.engine.sampling_params"}
 

@@ -65,7 +65,7 @@ def _model_len(text: str) -> int:
 
 def _kv_cache_dtype(text: str) -> str:
     """vLLM's --kv-cache-dtype: auto (the model's dtype), bfloat16, or fp8 / fp8_e4m3 (lesson 06)."""
-    from nanoserve.engine.llm import KV_CACHE_DTYPES
+    from nanoserve.engine.engine_args import KV_CACHE_DTYPES
 
     if text != "auto" and text not in KV_CACHE_DTYPES:
         raise argparse.ArgumentTypeError(f"one of auto, {', '.join(KV_CACHE_DTYPES)}; got {text!r}")

@@ -3,9 +3,7 @@
 
 """The public API, named as in vLLM: LLM(model).generate(prompts, SamplingParams(...)) -> RequestOutputs."""
 import gc
-import importlib
 import inspect
-import json
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -15,19 +13,15 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
+from nanoserve.engine.engine_args import EngineArgs, KV_CACHE_DTYPES, generation_defaults, num_kv_blocks, resolve_device, resolve_dtype
 from nanoserve.engine.llm_engine import LLMEngine
 from nanoserve.engine.model_runner import ModelRunner
 from nanoserve.engine.output_router import OutputRouter
 from nanoserve.engine.sampling_params import InvalidParameter, SamplingParams
 from nanoserve.engine.sequence import Sequence, SequenceStatus
-from nanoserve.model.config import ModelConfig
 
 PROMPT_FORMS = ("a prompt is a string, a list of token ids, {'prompt': str} or {'prompt_token_ids': [...]} "
                 "(or a list of these); chat messages go to LLM.chat")
-DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "half": torch.float16, "float32": torch.float32,
-          "float": torch.float32}
-# vLLM's kv_cache_dtype names ("auto": the model's dtype). fp8 is e4m3 with the scale fixed at 1.0 (lesson 06)
-KV_CACHE_DTYPES = {"bfloat16": torch.bfloat16, "fp8": torch.float8_e4m3fn, "fp8_e4m3": torch.float8_e4m3fn}
 
 
 @dataclass
@@ -83,67 +77,6 @@ class StreamItem(tuple):
         item = super().__new__(cls, (index, text, token_id, finished))
         item.completion = completion
         return item
-
-
-def resolve_dtype(dtype, path: Path, device: torch.device) -> torch.dtype:
-    """vLLM's dtype argument: "auto" (the checkpoint's dtype on a GPU, float32 on a CPU), a name, or a torch dtype."""
-    if isinstance(dtype, torch.dtype) and dtype.is_floating_point:
-        return dtype
-    if dtype is None or dtype == "auto":
-        if device.type == "cpu":
-            return torch.float32
-        saved = json.loads((path / "config.json").read_text())
-        return DTYPES.get(str(saved.get("dtype") or saved.get("torch_dtype")), torch.bfloat16)
-    if isinstance(dtype, str) and dtype.lower() in DTYPES:
-        return DTYPES[dtype.lower()]
-    raise ValueError(f"dtype must be 'auto', one of {sorted(DTYPES)} or a torch floating-point dtype, got {dtype!r}")
-
-
-# generation_config.json's sampling defaults, under vLLM's names (max_new_tokens is its max_tokens)
-GENERATION_DEFAULTS = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "min_p": "min_p",
-                       "repetition_penalty": "repetition_penalty", "max_new_tokens": "max_tokens"}
-
-
-def generation_defaults(path: Path, generation_config: str) -> dict:
-    """vLLM's generation_config: "auto" takes the checkpoint's generation_config.json sampling defaults
-    (Qwen3 ships temperature 0.6, top_p 0.95, top_k 20), "vllm" takes none, a folder takes its file's."""
-    if generation_config == "vllm":
-        return {}
-    file = (path if generation_config == "auto" else Path(generation_config)) / "generation_config.json"
-    if not file.is_file():
-        if generation_config != "auto":
-            raise ValueError(f"generation_config: {file} does not exist")
-        return {}
-    saved = json.loads(file.read_text())
-    return {ours: saved[theirs] for theirs, ours in GENERATION_DEFAULTS.items() if saved.get(theirs) is not None}
-
-
-def resolve_device(device) -> torch.device:
-    if device is None:
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        device = torch.device(device)
-    except (RuntimeError, TypeError):
-        raise ValueError(f"device must be 'cpu', 'cuda' or 'cuda:N', got {device!r}") from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device {str(device)!r}: this machine has no CUDA GPU (use device='cpu')")
-    if device.type not in ("cpu", "cuda"):
-        raise ValueError(f"device must be 'cpu', 'cuda' or 'cuda:N', got {str(device)!r}")
-    return device
-
-
-def num_kv_blocks(config: ModelConfig, block_size: int, dtype: torch.dtype, device: torch.device, max_num_seqs: int,
-                  max_model_len: int, gpu_memory_utilization: float, cpu_kv_cache_gib: float) -> int:
-    """How many KV blocks to allocate: a share of the GPU's free memory, or a fixed budget on a CPU."""
-    block_bytes = 2 * config.num_layers * block_size * config.num_kv_heads * config.head_dim * dtype.itemsize
-    if device.type == "cuda":
-        gc.collect()  # an LLM dropped a moment ago (a notebook's `llm = LLM(...)` again) gives its memory back
-        torch.cuda.empty_cache()  # and the allocator returns what it kept cached
-        free, _ = torch.cuda.mem_get_info(device)
-        total = torch.cuda.get_device_properties(device).total_memory
-        return int((free - (1 - gpu_memory_utilization) * total) // block_bytes)
-    needed = max_num_seqs * -(-max_model_len // block_size)  # no more than the longest possible batch needs
-    return min(int(cpu_kv_cache_gib * 2**30 // block_bytes), needed)
 
 
 def as_prompt_list(prompts) -> list:
@@ -202,123 +135,6 @@ def complete_output(out: RequestOutput, seqs: list[Sequence]) -> None:
     out.metrics = RequestMetrics(first.arrival_time, min(times[0], default=None), min(times[1], default=None),
                                  max(times[2], default=None), max(times[2], default=None))
     out.finished = True
-
-
-def import_part(path: str) -> type:
-    """The class at an import path, "package.module:Class"."""
-    module, _, name = path.partition(":")
-    return getattr(importlib.import_module(module), name)
-
-
-@dataclass
-class EngineParts:
-    """The classes LLM assembles, each given as the class itself or as its import path, "module:Class". A
-    lesson puts its own in: LLM(model, parts=EngineParts(prefix_cache=MyCache)). Tensor-parallel workers
-    (lesson 07) are spawned processes that import what they build (the model, the graphs) by path: a class
-    defined in a notebook cannot reach them, and LLM says so."""
-    paged_cache: type | str = "nanoserve.cache.paged:PagedKVCache"  # lesson 03
-    prefix_cache: type | str = "nanoserve.cache.prefix:PrefixCachingKVCache"  # lesson 04
-    engine: type | str | None = None  # lesson 05 (None: the LLMEngine that LLM's own module knows)
-    model: type | str = "nanoserve.model.qwen3_fused:FusedQwen3ForCausalLM"  # lesson 06 (fused_ops=True)
-    sampler: type | str = "nanoserve.engine.fused_sampler:FusedSampler"  # lesson 06
-    graphs: type | str = "nanoserve.engine.cuda_graphs:CUDAGraphs"  # lesson 06
-    tp_workers: type | str = "nanoserve.engine.tp_workers:TPWorkers"  # lesson 07
-
-    def get(self, name: str, default: type | None = None) -> type:
-        part = getattr(self, name)
-        if part is None:
-            return default
-        if not isinstance(part, str):
-            return part
-        try:
-            return import_part(part)
-        except (ImportError, AttributeError, ValueError) as e:
-            raise ValueError(f"EngineParts.{name}: cannot import {part!r} ({type(e).__name__}: {e})") from None
-
-    def path(self, name: str) -> str:
-        """The part's import path, for a spawned process; a class it could not import is refused."""
-        part = getattr(self, name)
-        if isinstance(part, str):
-            return part
-        if part.__module__ == "__main__" or "<" in part.__qualname__:
-            raise ValueError(f"EngineParts.{name}: {part.__qualname__} is defined in a notebook or a function, and "
-                             "tensor-parallel workers (spawned processes) can only import a class by its path: "
-                             "give one from a module, e.g. your own engine built by `make mine`")
-        return f"{part.__module__}:{part.__qualname__}"
-
-
-@dataclass
-class EngineArgs:
-    """Every engine setting, named as in vLLM where vLLM has the setting; checked when made, each error
-    naming its argument. LLM(model, **settings) makes one; so does `nanoserve` on the command line."""
-    model: str | None = None  # a name from the model zoo, or a checkpoint directory
-    dtype: str | torch.dtype = "auto"
-    max_model_len: int = 4096
-    max_num_seqs: int = 256
-    # Tokens per step. Offline, vLLM's (and nano-vllm's) 16384: half the prefill steps of 8192, +5-9% on the
-    # workload (H200, bench/results/issue24/batching.json). `nanoserve serve` keeps 8192: a server's TTFT and
-    # ITL came out worse at 16384 in the same run (bench-serve), as vLLM's usage-context defaults also have it.
-    max_num_batched_tokens: int = 16384
-    block_size: int = 16
-    enable_prefix_caching: bool = True
-    enable_chunked_prefill: bool = True
-    kv_cache_dtype: str = "auto"  # the KV pool's: "auto" (the model's dtype), "bfloat16", "fp8" (lesson 06)
-    enforce_eager: bool | None = None  # None: eager on a CPU, CUDA graphs and torch.compile on a GPU
-    tensor_parallel_size: int = 1
-    gpu_memory_utilization: float = 0.9
-    num_gpu_blocks_override: int | None = None
-    seed: int = 0
-    max_logprobs: int = 20  # the most log-probs a request may ask for per token
-    async_scheduling: bool | None = None  # None: on unless eager
-    custom_all_reduce: bool = False  # lesson 07's one-shot all-reduce for small messages (GPUs)
-    # nanoserve's own
-    device: str | None = None  # None: a GPU if there is one
-    cpu_kv_cache_gib: float = 1.0  # the KV pool's memory on a CPU
-    fused_ops: bool = True  # lesson 06's fused model (False: lesson 01's)
-    generation_config: str = "auto"  # sampling defaults: "auto" (the checkpoint's), "vllm" (none) or a folder
-    tokenizer: str | None = None  # a tokenizer directory or zoo name of its own (None: the model's)
-    # vLLM's logits_processors: LogitsProcessor classes of your own (engine/features.py), for the requests
-    # each wants (its wanted(params); by default those whose SamplingParams.extra_args name the class)
-    logits_processors: tuple = ()
-    parts: EngineParts = field(default_factory=EngineParts)
-
-    def __post_init__(self):
-        least = {"max_model_len": 1, "max_num_seqs": 1, "max_num_batched_tokens": 1, "block_size": 1,
-                 "tensor_parallel_size": 1, "max_logprobs": 0}
-        if self.num_gpu_blocks_override is not None:
-            least["num_gpu_blocks_override"] = 1
-        for name, lowest in least.items():
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < lowest:
-                raise ValueError(f"{name} must be an integer >= {lowest}, got {value!r}")
-        from nanoserve.engine.features import LogitsProcessor
-        self.logits_processors = tuple(self.logits_processors)
-        if not all(isinstance(c, type) and issubclass(c, LogitsProcessor) for c in self.logits_processors):
-            raise ValueError(f"logits_processors must be LogitsProcessor classes, got {self.logits_processors!r:.100}")
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
-            raise ValueError(f"seed must be an integer, got {self.seed!r}")
-        for name in ("enable_prefix_caching", "enable_chunked_prefill", "custom_all_reduce", "fused_ops",
-                     "enforce_eager", "async_scheduling"):
-            value = getattr(self, name)
-            if not isinstance(value, bool) and not (value is None and name in ("enforce_eager", "async_scheduling")):
-                raise ValueError(f"{name} must be True or False, got {value!r}")
-        if isinstance(self.gpu_memory_utilization, bool) or not isinstance(self.gpu_memory_utilization, (int, float)) \
-                or not 0 < self.gpu_memory_utilization <= 1:
-            raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization!r}")
-        if isinstance(self.cpu_kv_cache_gib, bool) or not isinstance(self.cpu_kv_cache_gib, (int, float)) \
-                or not self.cpu_kv_cache_gib > 0:
-            raise ValueError(f"cpu_kv_cache_gib must be a number > 0, got {self.cpu_kv_cache_gib!r}")
-        if self.tensor_parallel_size > 1 and not self.fused_ops:
-            raise ValueError("tensor parallelism (lesson 07) cuts lesson 06's fused model: leave fused_ops=True")
-        if not isinstance(self.kv_cache_dtype, str) or self.kv_cache_dtype not in ("auto", *KV_CACHE_DTYPES):
-            raise ValueError(f"kv_cache_dtype must be 'auto' or one of {sorted(KV_CACHE_DTYPES)}, "
-                             f"got {self.kv_cache_dtype!r}")
-        if not isinstance(self.generation_config, str) or not self.generation_config:
-            raise ValueError(f"generation_config must be 'auto', 'vllm' or a folder, got {self.generation_config!r}")
-        if isinstance(self.parts, dict):  # dataclasses.asdict(engine_args) turns it into one
-            self.parts = EngineParts(**self.parts)
-        if not isinstance(self.parts, EngineParts):
-            raise ValueError(f"parts must be an EngineParts, got {type(self.parts).__name__}")
 
 
 class LLM:

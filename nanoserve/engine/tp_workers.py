@@ -53,7 +53,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from nanoserve.cache.paged import PagedKVCache
-from nanoserve.engine.llm import import_part
+from nanoserve.engine.engine_args import import_part
 from nanoserve.engine.model_runner import ModelRunner
 from nanoserve.model.loader import load_model
 from nanoserve.model.tp_layers import OneShotTPGroup, TPGroup
