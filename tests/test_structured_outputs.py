@@ -54,6 +54,26 @@ def test_every_output_follows_its_constraint_alone_and_in_a_batch(llm, ahead):
         llm.engine.async_scheduling = False
 
 
+
+@pytest.mark.parametrize("spec", [CONSTRAINTS[0][0], CONSTRAINTS[1][0]], ids=["json", "regex"])
+def test_async_scheduling_stays_on_for_a_structured_request(llm, spec):
+    """With async scheduling every step of a structured request is launched ahead, while the step before
+    still runs (only its draw waits for the grammar's mask): it never sits a step out, and its tokens are
+    those of the synchronous engine."""
+    params = SamplingParams(temperature=1.0, seed=3, max_tokens=40, structured_outputs=spec)
+    engine = llm.engine
+    sync = llm.generate(["Tell me about it."], params, use_tqdm=False)[0].outputs[0]
+    engine.async_scheduling = True
+    try:
+        before = (engine.stats.steps, engine.stats.steps_ahead)
+        ahead = llm.generate(["Tell me about it."], params, use_tqdm=False)[0].outputs[0]
+        steps, launched_ahead = engine.stats.steps - before[0], engine.stats.steps_ahead - before[1]
+    finally:
+        engine.async_scheduling = False
+    assert ahead.token_ids == sync.token_ids
+    assert len(ahead.token_ids) > 3 and steps <= len(ahead.token_ids) + 1  # a step per token (no step sat out)
+    assert launched_ahead >= len(ahead.token_ids) - 2, (launched_ahead, len(ahead.token_ids))
+
 def test_lesson_02s_loop_follows_a_constraint_too(llm):
     done, _ = generate(llm.model, [[5, 6, 7]], SamplingParams(temperature=1.0, seed=3, max_tokens=20,
                                                                 structured_outputs=StructuredOutputsParams(

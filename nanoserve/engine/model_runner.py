@@ -34,6 +34,7 @@ class LaunchedStep:
     batch: ScheduledBatch
     sampled: list  # the sequences it draws a token for
     features: set[str]  # what its sequences ask for beyond a plain draw
+    steps: list[int]  # the tokens each sampled sequence drew before this step's
     tokens: torch.Tensor | None = None  # [num sampled] on the device (None: not drawn yet, or nobody samples)
     host: torch.Tensor | None = None  # their copy on the host, valid once `done` has passed
     logprobs: object | None = None  # logprobs=k: the step's SampledLogprobs
@@ -77,7 +78,8 @@ class ModelRunner:
             batch = batch.longest_first()
         step, sampled = prepare_inputs(batch), [s for s, x in zip(batch.seqs, batch.sampled) if x]
         features = {name for seq in batch.seqs for name in seq.features}
-        launched = LaunchedStep(batch, sampled, features)
+        steps = [s.num_output_tokens + s.num_placeholders - 1 for s in sampled]  # (its own placeholder counted)
+        launched = LaunchedStep(batch, sampled, features, steps)
         if "prompt_logprobs" in features:  # more rows of logits: those that score prompt tokens (eager steps)
             launched.scorer = load("prompt_logprobs").of_step(batch, len(sampled))
         rows = launched.scorer.rows if launched.scorer is not None else []
@@ -96,8 +98,7 @@ class ModelRunner:
     @torch.inference_mode()
     def draw(self, launched: LaunchedStep) -> None:
         """Sample the step's tokens (after the logits processors) and queue their copy to the host."""
-        sampled, logits = launched.sampled, launched.logits
-        steps = [s.num_output_tokens + s.num_placeholders - 1 for s in sampled]  # tokens drawn before this one
+        sampled, logits, steps = launched.sampled, launched.logits, launched.steps
         edited = self.processors.apply(logits, sampled, steps, launched.last_inputs) if launched.features else logits
         tokens = self.sampler(edited, [s.params for s in sampled], [s.seed for s in sampled], steps)
         if launched.features:

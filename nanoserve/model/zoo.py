@@ -152,8 +152,10 @@ def _build_once(name: str) -> Path:
         from nanoserve.model.offline_models import BUILDERS
 
         BUILDERS[name](tmp)
-    except BaseException:
+    except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(e, ModuleNotFoundError) and "pip install" in str(e):  # a package it is built from
+            raise ModelNotFoundError(str(e)) from None
         raise
     try:
         tmp.rename(dest)
