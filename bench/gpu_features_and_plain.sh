@@ -13,7 +13,7 @@ echo "processors $(( $(date +%s) - t0 )) s"
 python3 -m nanoserve.cli bench --features --out $OUT/features.json > $OUT/features.log 2> $OUT/features.err
 cat $OUT/features.log; tail -3 $OUT/features.err
 echo "features $(( $(date +%s) - t0 )) s"
-left=$(( 560 - ($(date +%s) - t0) ))
+left=$(( 470 - ($(date +%s) - t0) ))
 echo "rounds get ${left} s"
 timeout $left python3 bench/engine_rounds.py .oldtree $PWD --rounds 3 --out $OUT/rounds.json > $OUT/rounds.log 2>&1
 tail -12 $OUT/rounds.log
