@@ -26,7 +26,8 @@ class Penalties(LogitsProcessor):
 
     def add(self, slot, seq):
         p = seq.params
-        self.factors[:, slot] = torch.tensor([p.repetition_penalty, p.frequency_penalty, p.presence_penalty])
+        factors = [p.repetition_penalty, p.frequency_penalty, p.presence_penalty]
+        self.factors[:, slot] = to_device(factors, torch.float32, self.device)  # (a plain copy would wait for the GPU)
         self.counted[slot] = -1  # built at its first apply
 
     def reserve(self, width: int) -> None:
