@@ -14,6 +14,7 @@ Maintainers' tool, not part of `make test`: a lesson takes minutes (one `make ch
     python tools/mutate.py 03 04 --jobs 2        lessons 03 and 04 (make mutate LESSON=03)
     python tools/mutate.py 03 --max-per-exercise 6 --out /tmp/mutants_03.json
     python tools/mutate.py 03 --dry-run          list the mutants, run nothing
+    python tools/mutate.py 02 --exercise 2.5     exercise 2.5's regions only
 
 The mutations, all inside the region (the rest of the cell stays byte-identical): a flipped comparison
 (`<`/`<=`, `>`/`>=`, `==`/`!=`, `is`/`is not`, `in`/`not in`), an integer constant or a `+`/`-`
@@ -286,6 +287,8 @@ def mutate_lesson(solutions: Path, lesson: Path, args) -> dict:
             continue
         source = "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
         for exercise, first, last in regions(source):
+            if args.exercise and not exercise.startswith(args.exercise):
+                continue
             count[exercise] += 1
             label = exercise if count[exercise] == 1 else f"{exercise}#{count[exercise]}"
             rng = random.Random(f"{args.seed}/{lesson.name[:2]}/{label}")
@@ -356,6 +359,7 @@ def main(argv=None) -> int:
     parser.add_argument("--seed", type=int, default=0, help="which mutants are picked (default %(default)s)")
     parser.add_argument("--out", type=Path, help="write every result to this JSON file")
     parser.add_argument("--dry-run", action="store_true", help="print the mutants; run nothing")
+    parser.add_argument("--exercise", help="only the regions of this exercise (2.5: 2.5a and 2.5b)")
     args = parser.parse_args(argv)
 
     notebooks = sorted(args.solutions_dir.glob("[0-9][0-9]_*.ipynb"))
