@@ -3,7 +3,8 @@
 # processors' GPU checks (bench/gpu_issue23.py: fp32 token equality alone / batched / eager, constraints in
 # bf16), then the plain engine against 74158e1's (before the features moved beside the core) in alternating
 # fresh processes, up to three rounds, in the time left.
-#   bash bench/gpu_features_and_plain.sh     (.whl and .oldtree carried; .oldtree = `git archive 74158e1 nanoserve`)
+#   CAP=570 bash bench/gpu_features_and_plain.sh   (.whl and .oldtree carried; .oldtree = `git archive 74158e1 nanoserve`,
+#   the engine before the features moved beside the core)
 set -u
 t0=$(date +%s)
 cap=${CAP:-400}

@@ -19,7 +19,6 @@ within HEALTH_LIMIT seconds all along.
 Run alone, with every number printed: pytest -q -s -p no:randomly tests/test_feature_fairness.py
 """
 import json
-import socket
 import statistics
 import subprocess
 import sys
@@ -32,6 +31,7 @@ import httpx
 import pytest
 
 from nanoserve.model.zoo import resolve_model
+from test_serve import free_port, wait_until_healthy
 
 MODEL = "tiny-qwen3"
 VOCAB_SIZE = 151_936  # Qwen3's embedding rows (config.json's vocab_size; its tokenizer names 151,669 of them)
@@ -42,12 +42,6 @@ TARGET = 1.5  # the requirement: a feature makes a bystander at most 1.5x slower
 LIMIT = 2.0  # what the test asserts (the module docstring says why it is looser than TARGET)
 HEALTH_LIMIT = 2.0  # seconds: /health answers within this while the big request runs
 FEATURES = ["grammar", "penalties", "logit_bias", "allowed_token_ids", "bad_words"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -62,16 +56,7 @@ def server(tmp_path_factory):
                                  "--device", "cpu"], stdout=out, stderr=subprocess.STDOUT, text=True)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            assert proc.poll() is None, f"the server exited: {log.read_text()[-3000:]}"
-            assert time.monotonic() < deadline, "the server did not become healthy"
-            try:
-                if httpx.get(f"{url}/health").status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            time.sleep(0.2)
+        wait_until_healthy(proc, url, lambda: log.read_text()[-3000:])
         warm = httpx.post(f"{url}/v1/completions", json=BYSTANDER, timeout=60)
         assert warm.status_code == 200, warm.text
         bystander_beside(url, {})  # the first big batch allocates what later ones reuse: not timed

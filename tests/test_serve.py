@@ -24,6 +24,20 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def wait_until_healthy(proc, url: str, output) -> None:
+    """Wait (up to 2 minutes) for a server process to answer /health; output(): what it printed, if it exits."""
+    deadline = time.monotonic() + 120
+    while True:
+        assert proc.poll() is None, f"the server exited: {output()}"
+        assert time.monotonic() < deadline, "the server did not become healthy"
+        try:
+            if httpx.get(f"{url}/health").status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.2)
+
+
 @pytest.fixture(scope="module")
 def server():
     port = free_port()
@@ -33,16 +47,7 @@ def server():
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            assert proc.poll() is None, f"the server exited: {proc.stdout.read()}"
-            assert time.monotonic() < deadline, "the server did not become healthy"
-            try:
-                if httpx.get(f"{url}/health").status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            time.sleep(0.2)
+        wait_until_healthy(proc, url, proc.stdout.read)
         yield proc, url
     finally:
         if proc.poll() is None:
