@@ -25,7 +25,8 @@ class Prepared:
     thread before it admits it, so none of this runs in the step loop."""
     bad_words: object | None  # features/logit_edits.py's BadWords
     allowed: frozenset[int] | None  # allowed_token_ids as a set: each drawn token is checked against it
-    matcher: object | None  # the grammar compiled and checked (an llguidance.LLMatcher); each completion follows a copy
+    grammar: object | None  # the constraint compiled and checked (a CompiledGrammar): each completion follows
+    # its own matcher
 
 
 def prepare(params: SamplingParams, tokenizer) -> Prepared:
@@ -38,12 +39,12 @@ def prepare(params: SamplingParams, tokenizer) -> Prepared:
                                    "stop" if params.stop else "bad_words")
         so, allowed = params.structured_outputs, params.allowed_token_ids
         # ValueError: this request fails
-        matcher = load("structured_outputs", "grammar_matcher")(tokenizer, so) if so is not None else None
+        grammar = load("structured_outputs", "compiled_grammar")(tokenizer, so) if so is not None else None
         words = load("banned_tokens", "tokenize_bad_words")(tokenizer, params.bad_words) if params.bad_words else None
         allowed = frozenset(allowed) if allowed is not None else None
         if allowed is not None and words is not None and allowed <= words.banned([]):
             raise InvalidParameter("allowed_token_ids: every allowed token is one of bad_words", "allowed_token_ids")
-        kept = params._prepared = tokenizer, Prepared(words, allowed, matcher)
+        kept = params._prepared = tokenizer, Prepared(words, allowed, grammar)
     return kept[1]
 
 
@@ -66,7 +67,7 @@ class Request:
         self.detok = self._detokenizer() if params.stop else None
         ready = prepare(params, tokenizer)
         self.bad_words, self.allowed = ready.bad_words, ready.allowed
-        self.matcher = ready.matcher.deep_copy() if ready.matcher is not None else None  # follows the grammar
+        self.matcher = ready.grammar.matcher() if ready.grammar is not None else None  # follows the grammar
         # Its next draw depends on its last token (a grammar's state, or a bad word of several tokens): with
         # lesson 05's async scheduling, its step's forward runs ahead of that token, and the draw waits for it.
         self.waits_for_last_token = self.matcher is not None or (self.bad_words is not None

@@ -7,6 +7,7 @@ and, before each token, says which tokens may come next: a bitmask over the voca
 the other tokens become -inf. The masks of a step's rows are filled in parallel (llguidance's own threads)
 while the device runs the forward, and applied on the device."""
 import json
+import os
 import threading
 
 import llguidance
@@ -19,11 +20,11 @@ from nanoserve.engine.sampling_params import StructuredOutputsParams
 
 
 _LL_TOKENIZERS: dict = {}  # id(tokenizer) -> (tokenizer, its llguidance twin): building one takes a second
-# (id of the twin, the constraint) -> a fresh matcher, compiled once and checked: each request gets a copy (a
-# tenth of a millisecond, where compiling takes milliseconds).
-_COMPILED: dict = {}
+_COMPILED: dict = {}  # (id of the twin, the constraint) -> its CompiledGrammar
 _LOCK = threading.Lock()
 CACHED_GRAMMARS = 64  # the most recently compiled constraints kept
+# llguidance's threads that fill a step's masks (its own default: 80% of the CPUs, at most 32)
+MASK_THREADS = max(1, min(32, int(0.8 * (os.cpu_count() or 1))))
 
 # Budgets on what one constraint may cost to compile. A server compiles a request's constraint before it admits
 # the request (lesson 08), but the thread that compiles cannot be stopped, so each step must be bounded.
@@ -65,26 +66,49 @@ def constraint_key(spec: StructuredOutputsParams) -> tuple:
     return value, spec.regex, tuple(spec.choice or ()), spec.grammar, spec.json_object
 
 
-def grammar_matcher(tokenizer, spec: StructuredOutputsParams) -> llguidance.LLMatcher:
-    """A matcher that follows one output token by token, ready for its first token. A constraint that does not
-    compile, is over the budgets above, or that llguidance refuses at its first mask (a grammar too complex to
-    follow, or one that allows no output at all) raises ValueError, before any request uses it."""
+class CompiledGrammar:
+    """One constraint, compiled and checked; matcher() gives each output its own follower (a copy: a tenth of a
+    millisecond, where compiling takes milliseconds). Copies of one compiled matcher share its lexer's caches
+    behind one lock, so llguidance's threads fill their masks one at a time (a regex's mask can take half a
+    millisecond). The copies are made from up to MASK_THREADS separately compiled matchers in turn, so that a
+    step's masks are filled side by side."""
+
+    def __init__(self, ll: llguidance.LLTokenizer, grammar: str, first: llguidance.LLMatcher):
+        self.ll, self.grammar, self.bases, self.handed = ll, grammar, [first], 0
+        self.lock = threading.Lock()
+
+    def matcher(self) -> llguidance.LLMatcher:
+        """A matcher that follows one output token by token, ready for its first token."""
+        with self.lock:
+            turn, self.handed = self.handed % MASK_THREADS, self.handed + 1
+            if turn == len(self.bases):  # compiled as the first was (which was checked)
+                limits = llguidance.LLParserLimits(**LIMITS)
+                self.bases.append(llguidance.LLMatcher(self.ll, self.grammar, limits=limits, log_level=0))
+            return self.bases[turn].deep_copy()
+
+
+def compiled_grammar(tokenizer, spec: StructuredOutputsParams) -> CompiledGrammar:
+    """The constraint compiled (cached by the constraint). One that does not compile, is over the budgets above,
+    or that llguidance refuses at its first mask (a grammar too complex to follow, or one that allows no output
+    at all) raises ValueError, before any request uses it."""
     if tokenizer is None:
         raise ValueError("structured_outputs need the tokenizer: pass tokenizer=...")
     ll = ll_tokenizer(tokenizer)
     key = (id(ll), constraint_key(spec))
     with _LOCK:
-        matcher = _COMPILED.get(key)
-    if matcher is None:
-        matcher = compile_checked(ll, spec)
+        compiled = _COMPILED.get(key)
+    if compiled is None:
+        compiled = CompiledGrammar(ll, *compile_checked(ll, spec))
         with _LOCK:  # a server compiles in several threads
             while len(_COMPILED) >= CACHED_GRAMMARS:
                 del _COMPILED[next(iter(_COMPILED))]  # the oldest
-            _COMPILED[key] = matcher
-    return matcher.deep_copy()
+            _COMPILED[key] = compiled
+    return compiled
 
 
-def compile_checked(ll: llguidance.LLTokenizer, spec: StructuredOutputsParams) -> llguidance.LLMatcher:
+def compile_checked(ll: llguidance.LLTokenizer,
+                    spec: StructuredOutputsParams) -> tuple[str, llguidance.LLMatcher]:
+    """The constraint's grammar text, and its matcher, checked."""
     if spec.grammar is not None and "::=" in spec.grammar and spec.grammar.count("::=") > MAX_GBNF_RULES:
         raise ValueError(f"structured_outputs: a GBNF grammar may have at most {MAX_GBNF_RULES} rules")
     try:
@@ -105,7 +129,7 @@ def compile_checked(ll: llguidance.LLTokenizer, spec: StructuredOutputsParams) -
             break
     if error:
         raise ValueError(f"structured_outputs: {first_line(error)}")
-    return matcher
+    return grammar, matcher
 
 
 def first_line(error: str) -> str:
@@ -119,7 +143,7 @@ class GrammarMask(LogitsProcessor):
 
     def __init__(self, *args):
         super().__init__(*args)
-        self.executor = llguidance.LLExecutor()
+        self.executor = llguidance.LLExecutor(num_threads=MASK_THREADS)
         self.host: list[torch.Tensor] = []  # two buffers, used in turn: a copy from one may still be queued
         self.turn = 0
 
