@@ -549,3 +549,50 @@ def test_triton_pick_ties_within_one_program_go_to_the_lower_token():
     want = pick(logits, temperature, seeds, steps)
     got = triton_fused.triton_pick(logits.to(DEVICE), temperature.to(DEVICE), seeds.to(DEVICE), steps.to(DEVICE))
     assert got[:2].tolist() == [7, 5] and got.tolist() == want.tolist()
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_triton_logsumexp_rank_is_the_torch_functions(seed):
+    # The logprobs feature's kernel against its torch path: the logsumexp within float32 rounding, the ranks
+    # exactly; a vocabulary that is no multiple of the tile, one row or several, a chosen token tied with
+    # others (ties are not "above"), the likeliest token (rank 1) and the least likely one.
+    from nanoserve.features.logprobs import logsumexp_rank
+    from nanoserve.kernels import triton_fused
+
+    rng, gen = random.Random(seed), torch.Generator().manual_seed(seed)
+    B, V = rng.choice([1, 3, 7]), rng.choice([1000, 4097, 151_936 if ON_GPU else 9_001])
+    dtype = rng.choice(DTYPES)
+    logits = (torch.randn(B, V, generator=gen) * rng.choice([0.5, 4.0])).to(dtype)
+    chosen = logits[torch.arange(B), torch.randint(0, V, (B,), generator=gen)].float()
+    chosen[0] = logits[0].max().float()
+    if B > 1:
+        chosen[1] = logits[1].min().float()
+        logits[-1, :5] = logits[-1, 5]  # ties with the chosen token below
+        chosen[-1] = logits[-1, 5].float()
+    want_lse, want_rank = logsumexp_rank(logits, chosen)
+    lse, rank = triton_fused.triton_logsumexp_rank(logits.to(DEVICE), chosen.to(DEVICE))
+    torch.testing.assert_close(lse.cpu(), want_lse, rtol=1e-5, atol=1e-5)
+    assert rank.cpu().tolist() == want_rank.tolist() and rank[0] == 1
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_triton_apply_bitmask_is_lesson_02s_unpacked_mask(seed):
+    # The grammar's kernel against exercise 2.4's unpack_bitmask and a masked_fill: only the given rows change,
+    # tokens past the words' bits are banned (a model's vocabulary padded beyond its tokenizer's), words with
+    # the top bit set (negative int32), a vocabulary that is no multiple of 32 or of the tile.
+    from nanoserve.features.structured_outputs import unpack_bitmask
+    from nanoserve.kernels import triton_fused
+
+    rng, gen = random.Random(seed), torch.Generator().manual_seed(seed)
+    V = rng.choice([64, 5000, 151_936 if ON_GPU else 9_001])
+    W = (V + 31) // 32 - rng.choice([0, 0, 1])
+    B = rng.choice([2, 5, 9])
+    rows = torch.tensor(rng.sample(range(B), rng.randint(1, B)))
+    words = torch.randint(-2**31, 2**31 - 1, (len(rows), W), generator=gen, dtype=torch.int64).to(torch.int32)
+    words[0] = -1  # every bit set: the row's tokens within the words are all allowed
+    logits = torch.randn(B, V, generator=gen)
+    want = logits.clone()
+    want[rows] = want[rows].masked_fill(~unpack_bitmask(words, V), float("-inf"))
+    got = logits.to(DEVICE)
+    triton_fused.triton_apply_bitmask(got, words.to(DEVICE), rows.to(DEVICE))
+    assert torch.equal(got.cpu(), want)

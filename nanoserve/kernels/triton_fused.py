@@ -215,3 +215,53 @@ def triton_pick(logits: torch.Tensor, temperature, seeds, steps) -> torch.Tensor
                                   values, tokens, V, logits.stride(0), per_program, splits, BLOCK=block, num_warps=4)
     # the first slice with the best score: ties go to the lowest token id, as argmax's do
     return tokens.gather(1, values.argmax(dim=1, keepdim=True))[:, 0].long()
+
+# Two kernels for features beside the core (nanoserve/features/): a request that asks for one pays a pass over
+# its row of logits, not the several that the torch functions they replace make.
+
+@triton.jit
+def _logsumexp_rank_kernel(logits, chosen, lse, rank, V, stride, BLOCK: tl.constexpr):
+    """One row: log(sum(exp(logits))) by the online softmax's running max, and how many logits beat chosen's."""
+    row = tl.program_id(0).to(tl.int64)
+    target = tl.load(chosen + row)
+    running_max, total, beaten = float("-inf"), 0.0, 0
+    for start in range(0, V, BLOCK):
+        cols = start + tl.arange(0, BLOCK)
+        x = tl.load(logits + row * stride + cols, mask=cols < V, other=float("-inf")).to(tl.float32)
+        new_max = tl.maximum(running_max, tl.max(x, 0))
+        total = total * tl.exp(running_max - new_max) + tl.sum(tl.exp(x - new_max), 0)
+        running_max = new_max
+        beaten += tl.sum((x > target).to(tl.int32), 0)
+    tl.store(lse + row, running_max + tl.log(total))
+    tl.store(rank + row, beaten + 1)
+
+
+def triton_logsumexp_rank(logits: torch.Tensor, chosen: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """features/logprobs.py's logsumexp_rank in one pass over [B, V] logits (finite ones: the model's)."""
+    B, V = logits.shape
+    lse = torch.empty(B, dtype=torch.float32, device=logits.device)
+    rank = torch.empty(B, dtype=torch.int64, device=logits.device)
+    if B:
+        _logsumexp_rank_kernel[(B,)](logits, chosen.float().contiguous(), lse, rank, V, logits.stride(0),
+                                     BLOCK=4096, num_warps=8)
+    return lse, rank
+
+
+@triton.jit
+def _bitmask_kernel(logits, words, rows, V, stride, W, BLOCK: tl.constexpr):
+    """-inf into logits[rows[r]] wherever bit j of words[r] says token j may not come next."""
+    r = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    word = tl.load(words + r * W + cols // 32, mask=cols < W * 32, other=0)  # past the words: banned
+    banned = ((word >> (cols % 32)) & 1) == 0
+    row = tl.load(rows + r).to(tl.int64)
+    tl.store(logits + row * stride + cols, float("-inf"), mask=(cols < V) & banned)
+
+
+def triton_apply_bitmask(logits: torch.Tensor, words: torch.Tensor, rows: torch.Tensor) -> None:
+    """features/structured_outputs.py's mask in place: logits [B, V], words [R, W] int32, rows [R] of logits."""
+    R, W = words.shape
+    if R:
+        block = 4096
+        _bitmask_kernel[(R, triton.cdiv(logits.shape[1], block))](logits, words.contiguous(), rows, logits.shape[1],
+                                                                 logits.stride(0), W, BLOCK=block, num_warps=4)
