@@ -327,14 +327,23 @@ def warm_up_features(llm) -> None:
     llm.generate(["Benchmark: "] * len(params), params, use_tqdm=False)
 
 
-def time_row(llm, prompts, params) -> dict:
-    """One timed generate of the workload with these params: output tokens / wall seconds."""
+def time_row(llm, prompts, params) -> tuple[dict, list[int]]:
+    """One timed generate of the workload with these params: output tokens / wall seconds, and each request's
+    output length."""
     seconds, outputs = timed_generate(llm, prompts, params)
     failed = [o.error for o in outputs if o.error]
     if failed:  # a failed request ends early and would make its feature look cheap
         raise RuntimeError(f"{len(failed)} of {len(outputs)} requests failed; the first: {failed[0]}")
-    tokens = sum(len(c.token_ids) for o in outputs for c in o.outputs)
-    return {"seconds": seconds, "output_tokens": tokens, "tok_per_s": tokens / seconds}
+    lengths = [sum(len(c.token_ids) for c in o.outputs) for o in outputs]
+    return {"seconds": seconds, "output_tokens": sum(lengths), "tok_per_s": sum(lengths) / seconds}, lengths
+
+
+def same_lengths_twin(llm, prompts, lengths: list[int]) -> dict:
+    """The plain workload cut to the lengths a feature's outputs had (a grammar ends an output when it is
+    complete): the same tokens without the feature. Its tok/s over a row's is what the feature itself costs;
+    the row's tok/s over plain's also counts that a batch whose outputs end early runs fewer rows a step."""
+    params = [SamplingParams(temperature=0.6, ignore_eos=True, max_tokens=n, seed=i) for i, n in enumerate(lengths)]
+    return time_row(llm, prompts, params)[0]
 
 
 def summarize_features(runs: dict) -> dict:
@@ -343,19 +352,25 @@ def summarize_features(runs: dict) -> dict:
             for name, found in runs.items()}
     for row in rows.values():
         row["median_tok_per_s"] = statistics.median(row["tok_per_s"])
-    for row in rows.values():
+    for name, row in rows.items():
         row["ratio_to_plain"] = row["median_tok_per_s"] / rows["plain"]["median_tok_per_s"]
+        twins = [run.get("same_lengths_plain_tok_per_s") for run in runs[name]]
+        if any(twins):  # the same tokens, plain, in the same round: the feature's own cost
+            row["ratio_to_same_lengths"] = statistics.median(run["tok_per_s"] / twin for run, twin
+                                                             in zip(runs[name], twins) if twin)
     return rows
 
 
 def features_table(rows: dict) -> str:
-    """A markdown table of tok/s: feature | round 1 | ... | median | × plain."""
+    """A markdown table of tok/s: feature | round 1 | ... | median | × plain | × plain, same lengths (against
+    the plain workload cut to the lengths of the row's outputs, in the same round; "(same)": none ended early)."""
     rounds = len(rows["plain"]["tok_per_s"])
-    head = ["feature", *(f"round {r + 1}" for r in range(rounds)), "median", "× plain"]
+    head = ["feature", *(f"round {r + 1}" for r in range(rounds)), "median", "× plain", "× plain, same lengths"]
     lines = ["| " + " | ".join(head) + " |", "| --- |" + " ---: |" * (len(head) - 1)]
     for name, row in rows.items():
+        same = row.get("ratio_to_same_lengths")
         cells = [name, *(f"{t:,.0f}" for t in row["tok_per_s"]), f"{row['median_tok_per_s']:,.0f}",
-                 f"{row['ratio_to_plain']:.2f}"]
+                 f"{row['ratio_to_plain']:.2f}", f"{same:.2f}" if same is not None else "(same)"]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -380,7 +395,10 @@ def bench_features(model: str, out: str | None, num_seqs: int, rounds: int = 2, 
         llm.generate(prompts, SamplingParams(max_tokens=1), use_tqdm=False)
         for r in range(rounds):
             for row in list(FEATURES) if r % 2 == 0 else list(FEATURES)[::-1]:
-                found = time_row(llm, prompts, params[row])
+                found, lengths = time_row(llm, prompts, params[row])
+                if lengths != [p.max_tokens for p in params[row]]:  # some outputs ended early
+                    twin = same_lengths_twin(llm, prompts, lengths)
+                    found["same_lengths_plain_tok_per_s"] = twin["tok_per_s"]
                 runs[row].append(found)
                 print(f"round {r + 1} {row}: {found['output_tokens']:,} tokens in {found['seconds']:.2f} s = "
                       f"{found['tok_per_s']:,.0f} tok/s", file=sys.stderr)

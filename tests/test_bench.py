@@ -49,6 +49,9 @@ def test_features_bench_writes_every_row_and_mixes_features_per_request(tmp_path
         assert all(t > 0 for t in row["tok_per_s"]) and all(0 < n <= 4 * 4 for n in row["output_tokens"])
         assert row["ratio_to_plain"] == pytest.approx(row["median_tok_per_s"] / rows["plain"]["median_tok_per_s"])
         assert f"\n| {name} | " in table
+        # an output that ended early (a grammar completed) gets a plain twin of the same lengths, timed beside it
+        ended_early = any(n < rows["plain"]["output_tokens"][0] for n in row["output_tokens"])
+        assert ("ratio_to_same_lengths" in row) == ended_early
     assert rows["plain"]["ratio_to_plain"] == 1.0
     # mixed: request i is request i of the row it names (i % 4); the four features differ from each other and plain
     mixed, plain = feature_params("mixed", [300] * 8, cap=4), feature_params("plain", [300] * 8, cap=4)
