@@ -369,8 +369,10 @@ def features_table(rows: dict) -> str:
     lines = ["| " + " | ".join(head) + " |", "| --- |" + " ---: |" * (len(head) - 1)]
     for name, row in rows.items():
         same = row.get("ratio_to_same_lengths")
+        same = f"{same:.2f}" if same is not None else \
+            "(same)" if row["output_tokens"] == rows["plain"]["output_tokens"] else "not measured"
         cells = [name, *(f"{t:,.0f}" for t in row["tok_per_s"]), f"{row['median_tok_per_s']:,.0f}",
-                 f"{row['ratio_to_plain']:.2f}", f"{same:.2f}" if same is not None else "(same)"]
+                 f"{row['ratio_to_plain']:.2f}", same]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
