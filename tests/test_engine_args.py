@@ -17,7 +17,9 @@ def test_a_bad_setting_fails_naming_it(field, value):
 
 
 def test_an_unknown_setting_is_refused_by_name():
-    with pytest.raises(TypeError, match="trust_remote_code"):
+    with pytest.raises(TypeError, match="enable_lora"):
+        LLM("tiny-qwen3", enable_lora=True)
+    with pytest.raises(ValueError, match="trust_remote_code"):  # vLLM's setting: only False is supported
         LLM("tiny-qwen3", trust_remote_code=True)
 
 

@@ -113,3 +113,31 @@ def test_request_outputs_carry_vllms_fields(tmp_path):
 def test_nano_vllms_example_reads_outputs_as_dicts(llm):
     outputs = llm.generate(["introduce yourself"], SamplingParams(temperature=0.6, max_tokens=8), use_tqdm=False)
     assert outputs[0]["text"] == outputs[0].outputs[0].text and outputs[0]["token_ids"] == outputs[0].outputs[0].token_ids
+
+
+def test_vllms_module_paths_and_idioms(llm, caplog):
+    """vLLM's examples import from vllm.outputs, vllm.sampling_params and vllm.logger, pass
+    trust_remote_code=False, and give chat content as OpenAI's text parts."""
+    import logging
+
+    from nanoserve.logger import init_logger
+    from nanoserve.outputs import CompletionOutput, RequestOutput
+    from nanoserve.sampling_params import SamplingParams as SP, StructuredOutputsParams as SOP
+
+    assert SP is SamplingParams and SOP is StructuredOutputsParams
+    out = llm.generate(PROMPTS[:1], SamplingParams(max_tokens=2), use_tqdm=False)[0]
+    assert isinstance(out, RequestOutput) and isinstance(out.outputs[0], CompletionOutput)
+    logger = init_logger(__name__)
+    with caplog.at_level(logging.INFO, logger="nanoserve"):
+        logger.info("hello from a vLLM script")
+    assert "hello from a vLLM script" in caplog.text
+    assert EngineArgs(model="tiny-qwen3", trust_remote_code=False).trust_remote_code is False
+    with pytest.raises(ValueError, match="trust_remote_code"):
+        EngineArgs(model="tiny-qwen3", trust_remote_code=True)
+    params = SamplingParams(temperature=0, max_tokens=4)
+    parts = [{"role": "user", "content": [{"type": "text", "text": "Hello"}, {"type": "text", "text": "there"}]}]
+    joined = [{"role": "user", "content": "Hello\nthere"}]
+    as_parts, as_text = (llm.chat(m, params, use_tqdm=False)[0] for m in (parts, joined))
+    assert as_parts.prompt_token_ids == as_text.prompt_token_ids and as_parts.outputs[0].text == as_text.outputs[0].text
+    with pytest.raises(ValueError, match="only text content parts"):
+        llm.chat([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}], params)

@@ -153,6 +153,7 @@ class EngineArgs:
     fused_ops: bool = True  # lesson 06's fused model (False: lesson 01's)
     generation_config: str = "auto"  # sampling defaults: "auto" (the checkpoint's), "vllm" (none) or a folder
     tokenizer: str | None = None  # a tokenizer directory or zoo name of its own (None: the model's)
+    trust_remote_code: bool = False  # vLLM's; nanoserve never runs a checkpoint's own code, so only False
     # vLLM's logits_processors: LogitsProcessor classes of your own (engine/features.py), for the requests
     # each wants (its wanted(params); by default those whose SamplingParams.extra_args name the class)
     logits_processors: tuple = ()
@@ -191,6 +192,9 @@ class EngineArgs:
                              f"got {self.kv_cache_dtype!r}")
         if not isinstance(self.generation_config, str) or not self.generation_config:
             raise ValueError(f"generation_config must be 'auto', 'vllm' or a folder, got {self.generation_config!r}")
+        if self.trust_remote_code is not False:
+            raise ValueError("trust_remote_code: nanoserve never runs a checkpoint's own code (only False is "
+                             f"supported), got {self.trust_remote_code!r}")
         if isinstance(self.parts, dict):  # dataclasses.asdict(engine_args) turns it into one
             self.parts = EngineParts(**self.parts)
         if not isinstance(self.parts, EngineParts):

@@ -137,6 +137,18 @@ def complete_output(out: RequestOutput, seqs: list[Sequence]) -> None:
     out.finished = True
 
 
+def content_text(content, i: int) -> str:
+    """A message's content as the template takes it: a string, or OpenAI's text parts ([{"type": "text",
+    "text": ...}], joined by newlines as vLLM joins them); None (a turn that only calls tools): ""."""
+    if content is None or isinstance(content, str):
+        return content or ""
+    if not all(isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)
+               for part in content):
+        raise ValueError(f"conversation {i}: only text content parts ({{'type': 'text', 'text': str}}) are "
+                         f"supported, got {content!r:.80}")
+    return "\n".join(part["text"] for part in content)
+
+
 class LLM:
     """Offline inference, vLLM-style: LLM(model, **EngineArgs).generate(prompts, SamplingParams(...)),
     .chat and .stream. The model and tokenizer load here; the engine and its KV pool are built at the first
@@ -355,12 +367,11 @@ class LLM:
         encoded = []
         for i, conversation in enumerate(conversations):
             if not isinstance(conversation, (list, tuple)) or not conversation or not all(
-                    isinstance(m, dict) and isinstance(m.get("role"), str) and (isinstance(m.get("content"), str)
-                                                                                or m.get("tool_calls"))
-                    for m in conversation):
+                    isinstance(m, dict) and isinstance(m.get("role"), str)
+                    and (isinstance(m.get("content"), (str, list)) or m.get("tool_calls")) for m in conversation):
                 raise ValueError(f"conversation {i}: a conversation is a non-empty list of "
                                  f"{{'role': str, 'content': str}} messages, got {conversation!r:.80}")
-            conversation = [{**m, "content": m.get("content") or ""} for m in conversation]  # tool calls only: ""
+            conversation = [{**m, "content": content_text(m.get("content"), i)} for m in conversation]
             extra = {"chat_template": chat_template} if chat_template is not None else {}
             ids = self.tokenizer.apply_chat_template(conversation, add_generation_prompt=add_generation_prompt,
                                                      continue_final_message=continue_final_message, tools=tools,

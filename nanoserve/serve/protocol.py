@@ -290,7 +290,7 @@ def message_text(message: ChatMessage) -> str:
         if part.get("type") != "text" or not isinstance(part.get("text"), str):
             raise BadRequest("only text content parts are supported", "messages")
         parts.append(part["text"])
-    return "".join(parts)
+    return "\n".join(parts)  # as vLLM joins text parts
 
 
 TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)  # Qwen3's (Hermes') tool-call format
