@@ -355,7 +355,8 @@ def test_prompt_scorer_scores_each_chunk_and_keeps_none_of_them_alive():
     values, indices, chosen, ranks = scorer.scores
     assert torch.allclose(values, logprobs.topk(3).values) and torch.equal(indices, logprobs.topk(3).indices)
     assert torch.allclose(chosen, logprobs[torch.arange(10), targets])
-    assert torch.equal(ranks, (logprobs > chosen[:, None]).sum(-1) + 1)
+    scored = logits[2:]  # a rank counts the likelier tokens: exactly, on the logits (log-probs round)
+    assert torch.equal(ranks, (scored > scored[torch.arange(10), targets][:, None]).sum(-1) + 1)
 
 
 def test_llm_chat_refuses_renderer_keywords_in_chat_template_kwargs(llm):
