@@ -4,7 +4,7 @@
 torch.profiler trace of a few steps (the top operators by CPU time and by GPU time) and cProfile's
 (the Python functions by their own time).
 
-    python bench/feature_profile.py --out OUT_DIR [--rows ROW ...] [--model M --num-seqs N --device D]
+    python bench/feature_profile.py --out OUT_DIR [--rows ROW ...] [--model M] [--num-seqs N] [--steps S]
 """
 import argparse
 import cProfile

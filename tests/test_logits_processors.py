@@ -139,7 +139,7 @@ def test_penalty_counts_kept_on_the_device_match_a_recount_every_step(case):
 
 @pytest.fixture(scope="module")
 def llm():
-    with LLM("tiny-qwen3", device="cpu", max_model_len=256, num_gpu_blocks_override=128) as llm:  # (the GPU: bench/gpu_issue23.py)
+    with LLM("tiny-qwen3", device="cpu", max_model_len=256, num_gpu_blocks_override=128) as llm:  # (the GPU: bench/gpu_logits_processors.py)
         yield llm
 
 
@@ -282,3 +282,19 @@ def test_a_logits_processor_of_your_own_edits_only_the_requests_that_want_it():
     assert outs[1].outputs[0].token_ids == alone.outputs[0].token_ids != [41] * 5
     with pytest.raises(ValueError, match="logits_processors"):
         LLM("tiny-qwen3", device="cpu", logits_processors=[object])
+
+
+@pytest.mark.parametrize("case", range(4))
+def test_min_p_follows_each_rows_slot_when_rows_move(case):
+    """min_p's floors live per slot: with every row of a step asking (edited in place) or only some, and the
+    rows in another order each step, each row gets its own floor, as processors made afresh give it."""
+    rng = random.Random(case)
+    kept = BatchProcessors(6, VOCAB, "cpu")
+    live = [seq(SamplingParams(min_p=rng.choice([0.02, 0.3, 0.8]), temperature=rng.choice([0.5, 1.0, 2.0])),
+                history(rng, 3), [], seq_id=i) for i in range(5)]
+    plain = seq(SamplingParams(), history(rng, 3), [], seq_id=99)
+    for step in range(6):
+        seqs = rng.sample(live, len(live)) + ([plain] if step % 2 else [])  # every row asks, or all but one
+        logits = torch.randn(len(seqs), VOCAB) * 3
+        got = process_logits(logits, seqs, [0] * len(seqs), processors=kept)
+        assert torch.equal(got, process_logits(logits, seqs, [0] * len(seqs))), step

@@ -197,3 +197,38 @@ def test_auto_tool_calls_are_parsed_out_of_the_text():
 def test_tool_requests_that_cannot_be_served_are_refused_by_name(client, body, param):
     reply = client.post("/v1/chat/completions", json={"model": "tiny-qwen3", "messages": ASK, **body})
     assert reply.status_code == 400 and reply.json()["error"]["param"] == param, reply.text
+
+
+def test_outputs_follow_separately_compiled_matchers_compiled_off_the_callers_thread(llm, monkeypatch):
+    """A step's masks are filled side by side only for separately compiled matchers: CompiledGrammar hands out
+    copies of up to MASK_THREADS of them in turn. The extra ones compile in a thread of their own, so a grammar
+    that is slow to compile never stalls the caller (the step loop); every copy follows the grammar."""
+    import threading
+    import time
+
+    import llguidance
+
+    from nanoserve.features import structured_outputs as so
+
+    monkeypatch.setattr(so, "MASK_THREADS", 3)
+    compiled_in = []
+    real = llguidance.LLMatcher
+
+    def recording(*args, **kwargs):  # llguidance.LLMatcher, noting the thread that compiles
+        compiled_in.append(threading.current_thread())
+        return real(*args, **kwargs)
+
+    spec = StructuredOutputsParams(regex="(ab){1,40}c")
+    grammar = so.compiled_grammar(llm.tokenizer, spec)  # compiled and checked here, as a server's thread does
+    monkeypatch.setattr(llguidance, "LLMatcher", recording)
+    matchers = []
+    deadline = time.monotonic() + 30
+    while len(grammar.bases) < 3 and time.monotonic() < deadline:
+        matchers.append(grammar.matcher())
+        time.sleep(0.01)
+    matchers += [grammar.matcher() for _ in range(6)]
+    assert len(grammar.bases) == 3 and len(compiled_in) == 2  # at most MASK_THREADS, each compiled once
+    assert threading.current_thread() not in compiled_in
+    ab = llm.tokenizer.encode("ab")
+    for m in matchers:  # each a fresh follower of the same grammar
+        assert all(m.consume_token(t) for t in ab) and not m.is_error()

@@ -76,11 +76,13 @@ class MinP(LogitsProcessor):
         self.floor[slot] = seq.params.temperature * math.log(seq.params.min_p)
 
     def apply(self, logits, rows):
-        # one floor per row of the step (-inf for rows without min_p: nothing is below it), then one pass over
-        # the logits in place, where gathering the rows, filling them and writing them back makes three
-        floor = torch.full((len(logits),), float("-inf"), device=logits.device)
-        floor[rows.index] = logits.amax(dim=-1)[rows.index] + self.floor[rows.slots]
-        logits.masked_fill_(logits < floor[:, None], float("-inf"))
+        if len(rows.seqs) == len(logits):  # every row: one pass in place (gathering, filling, writing back: three)
+            floor = logits.amax(dim=-1, keepdim=True) + self.floor[rows.slots, None]
+            logits.masked_fill_(logits < floor, float("-inf"))
+            return
+        part = logits[rows.index]  # some rows: only theirs
+        logits[rows.index] = part.masked_fill(part < part.amax(dim=-1, keepdim=True) + self.floor[rows.slots, None],
+                                              float("-inf"))
 
 
 class BadWords:

@@ -68,23 +68,35 @@ def constraint_key(spec: StructuredOutputsParams) -> tuple:
 
 class CompiledGrammar:
     """One constraint, compiled and checked; matcher() gives each output its own follower (a copy: a tenth of a
-    millisecond, where compiling takes milliseconds). Copies of one compiled matcher share its lexer's caches
-    behind one lock, so llguidance's threads fill their masks one at a time (a regex's mask can take half a
-    millisecond). The copies are made from up to MASK_THREADS separately compiled matchers in turn, so that a
-    step's masks are filled side by side."""
+    millisecond, where compiling takes milliseconds). Copies of one compiled matcher are filled one at a time by
+    llguidance's threads (measured: bench/llguidance_parallel.py), and a regex's mask can take half a
+    millisecond, so the copies are made from up to MASK_THREADS separately compiled matchers in turn. The extra
+    ones compile in a thread of their own, one after another: matcher() never compiles, so a request whose
+    grammar is slow to compile (a server admits it within a time limit, lesson 08) never stalls the step loop."""
 
     def __init__(self, ll: llguidance.LLTokenizer, grammar: str, first: llguidance.LLMatcher):
         self.ll, self.grammar, self.bases, self.handed = ll, grammar, [first], 0
         self.lock = threading.Lock()
+        self.compiling = False
 
     def matcher(self) -> llguidance.LLMatcher:
         """A matcher that follows one output token by token, ready for its first token."""
         with self.lock:
-            turn, self.handed = self.handed % MASK_THREADS, self.handed + 1
-            if turn == len(self.bases):  # compiled as the first was (which was checked)
-                limits = llguidance.LLParserLimits(**LIMITS)
-                self.bases.append(llguidance.LLMatcher(self.ll, self.grammar, limits=limits, log_level=0))
-            return self.bases[turn].deep_copy()
+            base = self.bases[self.handed % len(self.bases)]
+            self.handed += 1
+            if len(self.bases) < MASK_THREADS and not self.compiling:
+                self.compiling = True
+                threading.Thread(target=self._compile_another, daemon=True).start()
+            return base.deep_copy()
+
+    def _compile_another(self) -> None:
+        try:  # compiled as the first was (which was checked)
+            limits = llguidance.LLParserLimits(**LIMITS)
+            base = llguidance.LLMatcher(self.ll, self.grammar, limits=limits, log_level=0)
+            with self.lock:
+                self.bases.append(base)
+        finally:
+            self.compiling = False
 
 
 def compiled_grammar(tokenizer, spec: StructuredOutputsParams) -> CompiledGrammar:
