@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # H200 (or H100), one call, within CAP seconds (default 400): `nanoserve bench --features`, the logits
-# processors' GPU checks (bench/gpu_issue23.py: fp32 token equality alone / batched / eager, constraints in
+# processors' GPU checks (bench/gpu_logits_processors.py: fp32 token equality alone / batched / eager, constraints in
 # bf16), then the plain engine against 74158e1's (before the features moved beside the core) in alternating
 # fresh processes, up to three rounds, in the time left.
 #   CAP=570 bash bench/gpu_features_and_plain.sh   (.whl and .oldtree carried; .oldtree = `git archive 74158e1 nanoserve`,
@@ -15,7 +15,7 @@ python3 -m nanoserve.cli prepare qwen3-0.6b-random > /dev/null 2>&1
 timeout $(left) python3 -m nanoserve.cli bench --features --out $OUT/features.json > $OUT/features.log 2> $OUT/features.err
 cat $OUT/features.log; tail -3 $OUT/features.err
 echo "features $(( $(date +%s) - t0 )) s"
-timeout $(( $(left) / 2 )) python3 bench/gpu_issue23.py $OUT/logits_processors.json > $OUT/logits_processors.log 2>&1
+timeout $(( $(left) / 2 )) python3 bench/gpu_logits_processors.py $OUT/logits_processors.json > $OUT/logits_processors.log 2>&1
 tail -6 $OUT/logits_processors.log
 echo "processors $(( $(date +%s) - t0 )) s; rounds get $(left) s"
 timeout $(left) python3 bench/engine_rounds.py .oldtree $PWD --rounds 3 --out $OUT/rounds.json > $OUT/rounds.log 2>&1

@@ -6,7 +6,7 @@ without async scheduling or prefix caching (the largest difference of the prompt
 whether the top-k ids agree); each structured request's tokens alone against in a batch with 40 plain
 requests. bf16: every structured output follows its constraint.
 
-    python bench/gpu_issue23b.py OUT.json
+    python bench/gpu_logits_processorsb.py OUT.json
 """
 import json
 import os

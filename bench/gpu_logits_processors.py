@@ -1,4 +1,4 @@
-"""H200: vLLM's logits-editing sampling parameters on the GPU's path (issue 23): CUDA graphs, async scheduling
+"""H200: vLLM's logits-editing sampling parameters on the GPU's path: CUDA graphs, async scheduling
 (placeholders resolved on the device) and lesson 06's compiled sampler.
 
 fp32: each edited request's tokens are the same alone, in a batch with 40 plain requests (graphs at larger
@@ -6,7 +6,7 @@ sizes), and in an eager engine without async scheduling; the constraints hold; a
 steps ahead with edited requests in the batch. bf16: the constraints hold (allowed ids, bad words, a forced
 token, min_tokens).
 
-    python bench/gpu_issue23.py OUT.json
+    python bench/gpu_logits_processors.py OUT.json
 """
 import json
 import os

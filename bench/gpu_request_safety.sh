@@ -9,7 +9,7 @@ python3 -m nanoserve.cli prepare qwen3-0.6b-random > /dev/null 2>&1
 t0=$(date +%s)
 python3 bench/gpu_request_safety.py $OUT/request_safety.json > $OUT/request_safety.log 2>&1; tail -12 $OUT/request_safety.log
 echo "safety $(( $(date +%s) - t0 )) s"
-python3 bench/gpu_issue23.py $OUT/logits_processors.json > $OUT/logits_processors.log 2>&1; tail -4 $OUT/logits_processors.log
+python3 bench/gpu_logits_processors.py $OUT/logits_processors.json > $OUT/logits_processors.log 2>&1; tail -4 $OUT/logits_processors.log
 echo "processors $(( $(date +%s) - t0 )) s"
 python3 bench/engine_rounds.py .oldtree $PWD --rounds 2 --out $OUT/rounds.json > $OUT/rounds.log 2>&1; tail -8 $OUT/rounds.log
 echo "rounds $(( $(date +%s) - t0 )) s"
