@@ -7,6 +7,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 from nanoserve.cache.block_manager import BlockManager, OutOfBlocks
+from nanoserve.cache.paged import PagedKVCache  # lesson 03's cache: section 3 gives it this manager
 
 
 def block_hash(parent: int | None, tokens) -> int:
@@ -112,9 +113,6 @@ class PrefixCachingBlockManager(BlockManager):
             records[table[i]].hash, records[table[i]].parent, records[table[i]].tokens = h, parent, tokens
             self.cached.setdefault(h, table[i])  # an equal block named earlier stays the one found
             parent = h
-
-
-from nanoserve.cache.paged import PagedKVCache  # noqa: E402  (lesson 03's cache, given the manager above)
 
 
 class PrefixCachingKVCache(PagedKVCache):

@@ -58,8 +58,7 @@ def paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scal
     k = k_cache.index_select(0, flat).view(shape)  # index_select: a plain copy of whole blocks
     v = v_cache.index_select(0, flat).view(shape)
     # Lesson 02's decode_attention, in torch's fused attention: one op where that function runs a dozen (on
-    # a CPU each op's overhead is most of its time: about 1.5x faster at one sequence of 100 tokens on a
-    # 2-core machine, more for longer or more sequences; bench/cpu_paged_decode.py).
+    # a CPU each op's overhead is most of its time; bench/cpu_paged_decode.py times the two).
     # As there, the group of query heads that shares a kv head is that head's rows of queries: q as
     # [B, kv_heads, group, head_dim] against K/V [B, kv_heads, tokens, head_dim], no copy per query head.
     B, num_heads, head_dim = q.shape

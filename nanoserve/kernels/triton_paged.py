@@ -167,8 +167,8 @@ def _decode_kernel(q, k_cache, v_cache, block_tables, context_lens, out, part_ac
         k = tl.load(k_cache + rows[:, None] + d[None, :], mask=kv_mask, other=0.0).to(q_tile.dtype)
         v = tl.load(v_cache + rows[:, None] + d[None, :], mask=kv_mask, other=0.0).to(q_tile.dtype)
 
-        # tensor cores; the group is padded to 16 rows, the fewest a tl.dot takes (measured on the
-        # H200: 3-4x faster than a multiply-and-sum on the CUDA cores, padding and all)
+        # tensor cores; the group is padded to 16 rows, the fewest a tl.dot takes: even with the padding
+        # rows, a product on the tensor cores beats a multiply-and-sum on the CUDA cores
         s = tl.dot(q_tile, tl.trans(k), input_precision=PRECISION)
         s = tl.where(valid[None, :], s * qk_scale, float("-inf"))  # [GROUP_PAD, BLOCK_N]
 
@@ -271,8 +271,8 @@ def _check_attention_inputs(q, k_cache, v_cache, scale):
 
 def decode_num_splits(batch, kv_heads, max_context_len, device, block_n=64):
     """How many programs share one sequence's context: enough for ~2 programs per SM, at least one
-    BLOCK_N tile each. Measured on an H200 (bench/attention_kernels.py --sweep): at batch 64 x 2048
-    (512 programs) one split beat two by 7%; at batch 1 x 4096, 32-64 splits ran 7x faster than one."""
+    BLOCK_N tile each. A few sequences alone would leave most SMs idle; once the programs fill the GPU,
+    more splits only add partial results to combine (bench/attention_kernels.py --sweep times the counts)."""
     programs = batch * kv_heads
     wanted = triton.cdiv(2 * _num_sms(device), programs)
     most = triton.cdiv(max_context_len, block_n)
@@ -292,8 +292,8 @@ def paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scal
     _, block_size, kv_heads, _ = k_cache.shape
     if max_context_len is None:
         max_context_len = int(context_lens.max())
-    # 64-token tiles: best of the H200 sweep over a bf16 cache; 128 over an fp8 one, whose tiles are half the
-    # bytes (bench/gpu_fp8_decode.py: 230 against 245 us at batch 256 x 1024, 41 against 50 at 32 x 1024)
+    # 64-token tiles over a bf16 cache; 128 over an fp8 one, whose tokens are half the bytes, so that a tile
+    # loads as much (the fastest in bench/attention_kernels.py --sweep and bench/fp8_kernels.py)
     block_n = block_n or (128 if k_cache.dtype.itemsize == 1 else 64)
     if num_splits is None:
         num_splits = decode_num_splits(B, kv_heads, max_context_len, q.device, block_n)
@@ -315,7 +315,7 @@ def paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scal
         KV_HEADS=kv_heads, D=D, D_PAD=d_pad, BLOCK_SIZE=block_size, BLOCK_N=block_n, SPLIT=num_splits > 1,
         SPLITS_POW2=triton.next_power_of_2(num_splits), PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         FP16_MMA=_fp16_mma(q, k_cache) if fp16_mma is None else fp16_mma,
-        num_warps=num_warps or 4, num_stages=num_stages or 3)  # best of the H200 sweep
+        num_warps=num_warps or 4, num_stages=num_stages or 3)  # the fastest in bench/attention_kernels.py --sweep
     return out
 
 
@@ -427,10 +427,10 @@ def paged_prefill_attention(q, k_cache, v_cache, cu_seqlens_q, context_lens, blo
     if max_query_len is None:
         max_query_len = int((cu_seqlens_q[1:] - cu_seqlens_q[:-1]).max())
     # A program holds the whole group of a kv head when its size is a power of two (no padded rows). bf16:
-    # tiles of 128 rows (64 tokens x 2 heads for Qwen3-0.6B) x 32 keys, 8 warps, 3 stages, the best of the
-    # H200 sweep (bench/gpu_prefill_sweep.py; bench/results/issue24/prefill/): 8 x 1,024 causal 147 -> 130 us,
-    # 8 x 512 after 512 cached 112 -> 97, 2 x 4,096 455 -> 348. fp32 tiles are twice the bytes: smaller
-    # tiles and 2 stages keep the pipelined copies within shared memory.
+    # tiles of 128 rows (64 tokens x 2 heads for Qwen3-0.6B) x 32 keys, 8 warps, 3 stages: the fastest
+    # setting of bench/prefill_sweep.py on an H200 (bench/results/kernels/h200_prefill_sweep.json).
+    # fp32 tiles are twice the bytes: smaller tiles and 2 stages keep the pipelined copies within shared
+    # memory.
     if pack is None:
         pack = group & (group - 1) == 0
     heads = group if pack else 1

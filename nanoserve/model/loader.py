@@ -113,8 +113,8 @@ def files_to_read(path: Path, names, tied: bool) -> dict[Path, list[str]]:
 def no_random_init():
     """torch.nn.init.normal_ does nothing while the model is built (every tensor is filled from the checkpoint
     next). On the meta device an init costs no memory, but torch runs nn.Embedding's meta normal_ through
-    Python code that imports torch.compile's machinery: about 3 s of an eager CPU engine's start (on 2
-    cores), for nothing. The other inits (uniform_ for nn.Linear) cost nothing there and are left alone."""
+    Python code that imports torch.compile's machinery, seconds of an eager CPU engine's start spent for
+    nothing. The other inits (uniform_ for nn.Linear) cost nothing there and are left alone."""
     saved = torch.nn.init.normal_
     torch.nn.init.normal_ = lambda tensor, *args, **kwargs: tensor
     try:
@@ -218,8 +218,8 @@ DIRECT_TOKENIZERS = {("qwen2", "Qwen2Tokenizer"), ("qwen3", "Qwen2Tokenizer"), (
 def named_tokenizer_class(path: Path):
     """The tokenizer class to build directly, without AutoTokenizer, or None to leave the choice to it.
     Building Qwen's class directly skips AutoTokenizer's import of transformers' model-loading machinery
-    (transformers 5.17 imports scikit-learn there): on the H200 machine a fresh process loads Qwen3's
-    tokenizer in 5.5 s this way, in 10.3 s through AutoTokenizer (bench/gpu_tokenizer_load.sh)."""
+    (transformers 5.17 imports scikit-learn there), seconds of a fresh process's start
+    (bench/tokenizer_load.sh times both ways)."""
     saved = {name: read_json(path / name) if (path / name).is_file() else {}
              for name in ("tokenizer_config.json", "config.json")}
     name, model_type = saved["tokenizer_config.json"].get("tokenizer_class"), saved["config.json"].get("model_type")
