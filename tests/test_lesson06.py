@@ -1,5 +1,9 @@
 """Lesson 06: fused ops, the packed model, CUDA-graph bookkeeping, the fused sampler. The pieces
-(exercise checks: test_exercises.py) that run on a CPU (the graphs themselves need a GPU: bench/gpu_lesson06.py)."""
+(exercise checks: test_exercises.py) that run on a CPU (the graphs themselves need a GPU: bench/cuda_graphs.py)."""
+import re
+from pathlib import Path
+
+import nbformat
 import pytest
 import torch
 
@@ -20,6 +24,19 @@ def test_every_batch_size_finds_the_smallest_graph(most):
         size = padded_size(n, sizes)
         assert size in sizes and size >= n and not any(n <= s < size for s in sizes)
     assert padded_size(most + 1, sizes) is None  # the runner runs such a batch eagerly
+
+
+def test_every_path_the_lesson_cites_exists():
+    """The lesson prints its GPU numbers from bench/results/ and names the scripts that made them, in its text
+    as in its code: a renamed result or script fails here, by name, not as a reader's dead end."""
+    root = Path(__file__).resolve().parent.parent
+    cited = set()
+    for cell in nbformat.read(root / "solutions" / "06_cuda_graphs.ipynb", as_version=4).cells:
+        cited.update(path.rstrip(".") for path in re.findall(r"bench/[\w./-]+", cell.source))
+        for parts in re.findall(r'RESULTS((?: / "[^"]+")+)', cell.source):  # RESULTS / "kernels" / "x.json"
+            cited.add("/".join(["bench/results", *re.findall(r'"([^"]+)"', parts)]))
+    missing = sorted(path for path in cited if not (root / path).exists())
+    assert len(cited) > 20 and not missing, missing
 
 
 def test_the_workload_roofline_is_lesson_05s():

@@ -12,7 +12,7 @@ A graph replays the exact kernels, pointers and launch sizes it recorded, so
   zeros for it), and their logits are never looked at;
 - the attention kernel's number of splits was fixed when recorded, so it is recorded for the longest
   context (max_model_len); each sequence cuts its own context into that many splits (lesson 03).
-Prefill and mixed steps (a few dozen in a run of a thousand steps) stay eager.
+Prefill and mixed steps (few, in a run of mostly decode steps) stay eager.
 """
 import bisect
 
@@ -96,8 +96,8 @@ class CUDAGraphs:
 
 @torch.inference_mode()
 def warm_up(runner) -> None:
-    """Compile at start-up what the first requests would otherwise wait for (on an H200, seconds of the
-    benchmark's first steps): Triton compiles a kernel again for each new class of its integer arguments
+    """Compile at start-up what the first requests would otherwise wait for, in the middle of their steps:
+    Triton compiles a kernel again for each new class of its integer arguments
     (1, a multiple of 16, other), so prefills of 1, 9 and 16 query tiles run through dummy sequences;
     torch.compile compiles for one row and again for several, so the sampler samples both. The lengths
     are odd on purpose: a size equal to a model dimension would be specialised on."""

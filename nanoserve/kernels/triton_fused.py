@@ -2,12 +2,11 @@
 # Edit the notebook, then run `make export` (python tools/export.py).
 
 """Triton kernels for the fused model's decode step on a GPU, where a batch-1 step is a chain of small
-kernels that each take a few microseconds (bench/gpu_step_floor.py counts them; H200 numbers in
-bench/results/issue24/):
-- gemv: y = x @ W.T for one row of x. At one row cuBLAS picks kernels that read Qwen3-0.6B's weights at
-  0.4-2.5 TB/s; this one reads them about twice as fast (bench/gpu_gemv.py: 28 layers' four products in
-  0.46 ms against cuBLAS's 0.87). Each program reads BLOCK_N whole rows of W, BLOCK_K columns at a time,
-  and keeps a [BLOCK_N, BLOCK_K] float32 sum, reduced once at the end.
+kernels that each take a few microseconds (bench/step_floor.py profiles them; lesson 06 prints what it found):
+- gemv: y = x @ W.T for one row of x. At one row cuBLAS picks kernels made for bigger batches, which read the
+  weights at a fraction of the memory's bandwidth; this one reads them faster (bench/gemv.py measures both).
+  Each program reads BLOCK_N whole rows of W, BLOCK_K columns at a time, and keeps a [BLOCK_N, BLOCK_K]
+  float32 sum, reduced once at the end.
 - norm_gemv and silu_gemv: the same product with the operation before it done on the way in, since every
   program reads the whole input row anyway: rms_norm(x + residual) before the q/k/v and gate/up products,
   SiLU(gate) * up before the down product. Three kernels fewer per layer.
@@ -84,7 +83,7 @@ def _launch(x, weight, prologue: int, residual=None, norm_weight=None, eps: floa
     x = x.contiguous()
     y = torch.empty(1, N, dtype=x.dtype, device=x.device)
     residual_out = torch.empty_like(x) if residual is not None else x
-    # tiles: the best of a sweep on an H200 (bench/gpu_gemv.py --wide): two rows a program for the wide
+    # tiles: the best of a sweep on an H200 (bench/gemv.py --wide): two rows a program for the wide
     # products (N >= 4096), one for the narrow ones (o_proj and down_proj: more programs for their few rows);
     # a norm takes a row up to 2048 wide in one tile (Qwen3-0.6B's 1024: one load of the weights' tile);
     # wider rows (Qwen3-8B's 4096) go in the products' tiles, so each program's registers stay few
@@ -146,7 +145,7 @@ def triton_qk_norm_rope(q, k, q_weight, k_weight, eps: float, cos, sin):
     if T:
         norm = q_weight is not None
         # cos and sin as the model passes them: views of one [T, 2, D/2] lookup, rows strided alike. Read
-        # in place: a copy would be two more kernels per layer (on an H200, 3% of the workload's time)
+        # in place: a copy would be two more kernels per layer, in every step
         if cos.stride() != sin.stride() or cos.stride(1) != 1:
             cos, sin = cos.contiguous(), sin.contiguous()
         _qk_norm_rope_kernel[(T, q_heads + k_heads)](

