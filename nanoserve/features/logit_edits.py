@@ -14,8 +14,8 @@ from nanoserve.engine.features import LogitsProcessor, to_device
 
 
 class RowTable:
-    """[max_rows, vocab_size] of one dtype on the device, allocated when first written (a request that asks
-    for logit_bias over a 151,936-token vocabulary keeps a row of it, not a Python dict, in the step)."""
+    """[max_rows, vocab_size] of one dtype on the device, allocated when first written (a request that allows
+    or bans thousands of tokens keeps a row of it, not a Python set, in the step)."""
 
     def __init__(self, processor: LogitsProcessor, dtype: torch.dtype, fill):
         self.shape, self.dtype, self.fill, self.device = (processor.max_rows, processor.vocab_size), dtype, fill, \
@@ -40,17 +40,28 @@ def cached(params, name: str, source, make):
 
 
 class LogitBias(LogitsProcessor):
+    """Each slot's biased tokens and their biases, [max_rows, width] on the device; a slot with fewer pairs than
+    the widest is padded with token 0 and bias 0 (adding 0.0 leaves a logit exactly as it is)."""
+
     def __init__(self, *args):
         super().__init__(*args)
-        self.bias = RowTable(self, torch.float32, 0.0)
+        self.ids = torch.zeros(self.max_rows, 0, dtype=torch.long, device=self.device)
+        self.values = torch.zeros(self.max_rows, 0, device=self.device)
 
     def add(self, slot, seq):
-        bias = seq.params.logit_bias
-        ids, values = cached(seq.params, "_bias", bias, lambda b: (torch.tensor(list(b)), torch.tensor(list(b.values()))))
-        self.bias.write(slot, ids, values.to(self.device, non_blocking=True))
+        ids, values = cached(seq.params, "_bias", seq.params.logit_bias,
+                             lambda b: (torch.tensor(list(b), dtype=torch.long), torch.tensor(list(b.values()))))
+        if len(ids) > self.ids.shape[1]:  # wider than every slot so far: widen all of them
+            grow = (0, len(ids) - self.ids.shape[1])
+            self.ids, self.values = torch.nn.functional.pad(self.ids, grow), torch.nn.functional.pad(self.values, grow)
+        self.ids[slot], self.values[slot] = 0, 0.0
+        self.ids[slot, :len(ids)] = ids.to(self.device, non_blocking=True)
+        self.values[slot, :len(ids)] = values.to(self.device, non_blocking=True)
 
     def apply(self, logits, rows):
-        logits.index_add_(0, rows.index, self.bias.rows[rows.slots])
+        # into the flattened logits: each (row, token) pair once, padding aside, so the sum is exact in any order
+        flat = rows.index[:, None] * logits.shape[1] + self.ids[rows.slots]
+        logits.view(-1).index_add_(0, flat.view(-1), self.values[rows.slots].view(-1))
 
 
 class AllowedTokens(LogitsProcessor):
