@@ -131,9 +131,9 @@ class EngineArgs:
     dtype: str | torch.dtype = "auto"
     max_model_len: int = 4096
     max_num_seqs: int = 256
-    # Tokens per step. Offline, vLLM's (and nano-vllm's) 16384: half the prefill steps of 8192, +5-9% on the
-    # workload (H200, bench/results/issue24/batching.json). `nanoserve serve` keeps 8192: a server's TTFT and
-    # ITL came out worse at 16384 in the same run (bench-serve), as vLLM's usage-context defaults also have it.
+    # Tokens per step. Offline, vLLM's (and nano-vllm's) 16384: half the prefill steps of 8192, and the workload
+    # runs faster (bench/results/throughput/h200_prefill_token_budget.json). `nanoserve serve` keeps 8192: a
+    # server's TTFT and ITL came out worse at 16384 in the same run, as vLLM's usage-context defaults have it.
     max_num_batched_tokens: int = 16384
     block_size: int = 16
     enable_prefix_caching: bool = True

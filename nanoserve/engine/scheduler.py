@@ -44,7 +44,7 @@ class ScheduledBatch:
         """The same step with its sequences ordered by context length, longest first (ties keep their
         order). Every per-sequence list is reordered alike, so the step is the same step; but a decode
         kernel with one program per sequence now starts its longest work first and ends with less of a
-        tail (H200: 2-13% faster decode attention on the workload's steps, bench/gpu_decode_order.py)."""
+        tail (timed on a GPU by bench/decode_order.py)."""
         order = sorted(range(len(self.seqs)), key=lambda i: -(self.starts[i] + self.num_new[i]))
         return ScheduledBatch(*([column[i] for i in order] for column in (
             self.seqs, self.num_new, self.starts, self.sampled, self.decoding, self.preemptions)),
