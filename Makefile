@@ -1,10 +1,11 @@
-# The commands of the README: `make setup`, `nanoserve generate ...`, `make test`, `make check`, `make mine`.
+# The commands of the README: `make setup`, `nanoserve generate ...`, `make test`, `make check`, `make mine`;
+# for maintainers with a GPU, `make test-gpu` and `make bench-gpu`.
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 LESSONS ?= lessons
 
-.PHONY: setup test check mine export check-export lab mutate
+.PHONY: setup test test-gpu bench-gpu check mine export check-export lab mutate
 
 setup:  ## a virtual environment with everything: engine, JupyterLab, kernel, offline models
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -25,6 +26,18 @@ JOBS ?= 2
 test: $(BIN)/nanoserve  ## unit tests, every solution notebook top to bottom (nbval), export sync checks
 	$(if $(filter 1,$(JOBS)),,OMP_NUM_THREADS=1 )$(BIN)/python -m pytest $(if $(filter 1,$(JOBS)),,-n $(JOBS) --dist loadfile)
 
+# The GPU tests: tests/gpu/ (each module skips without CUDA, or with fewer GPUs than it needs, and says why) and
+# the tests of tests/ that take CUDA's paths when it is there. bench/run_gpu.sh's tests stage reads this list.
+GPU_TESTS := tests/gpu tests/test_triton_attention.py tests/test_kv_cache_dtype.py tests/test_sampler.py \
+	tests/test_lesson05.py tests/test_lesson06.py
+test-gpu: $(BIN)/nanoserve  ## maintainers: the GPU tests (on a CPU, tests/gpu skips)
+	$(BIN)/python -m pytest -o addopts= -rs --durations=10 $(GPU_TESTS)
+
+# A GPU machine may have no .venv: its own python3 then (bench/run_gpu.sh installs the wheels of .whl/ there).
+STAGES ?= tests throughput
+bench-gpu:  ## maintainers: the benchmarks on a GPU (STAGES="ladder kernels ...": bench/README.md)
+	PYTHON=$(if $(wildcard $(BIN)/python),$(BIN)/python,python3) bash bench/run_gpu.sh $(STAGES)
+
 check: $(BIN)/nanoserve  ## each lesson's exercise checks on your code in lessons/ (LESSON=03: one lesson; LESSONS=DIR: other notebooks)
 	$(BIN)/python tools/check_lessons.py --lessons-dir $(LESSONS) $(LESSON)
 
@@ -37,5 +50,6 @@ mutate:  ## maintainers: how many wrong answers each exercise's checks catch (mu
 export:  ## regenerate nanoserve/ and lessons/ from solutions/
 	$(BIN)/python tools/export.py
 
+# As root (a container, say) JupyterLab refuses to start without --allow-root.
 lab: $(BIN)/nanoserve  ## open the lessons
-	$(BIN)/jupyter lab lessons/
+	$(BIN)/jupyter lab $(if $(filter 0,$(shell id -u)),--allow-root )lessons/

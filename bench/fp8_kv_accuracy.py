@@ -1,11 +1,11 @@
-"""Issue 24's fp8 KV cache: what it costs in accuracy, on a CPU through the kernels' torch twins, with
+"""The fp8 KV cache: what it costs in accuracy, on a CPU through the kernels' torch twins, with
 SmolLM2-135M's real weights in float32. Three engines that differ only in kv_cache_dtype: "auto" (float32
 K/V), "bfloat16" (the GPU engine's cache) and "fp8" (e4m3, scale 1.0: the cache stores each K/V value
 clamped to +-448 and rounded to e4m3, and the kernels widen it as they read). 64 prompts, greedy, 32 new
 tokens each: the continuations that stay identical, and the largest error in the first step's log-probs.
 
-    python bench/fp8_kv_accuracy.py [--out bench/results/issue24/fp8_kv_cpu.json]
-    python bench/fp8_kv_accuracy.py --device cuda --out fp8_kv_h200.json     (the Triton kernels: the
+    python bench/fp8_kv_accuracy.py [--out bench/results/accuracy/cpu_fp8_kv.json]
+    python bench/fp8_kv_accuracy.py --device cuda --out bench/results/accuracy/h200_fp8_kv.json     (the Triton kernels: the
         model in float32 as above, then in bfloat16 with bf16 K/V against fp8 K/V)
 
 Scales: 1.0 (vLLM's default without calibration). SmolLM2's K and V stay under 24 and 17 in size here, well
@@ -50,7 +50,7 @@ def compare(tokens, lp, ref_tokens, ref_lp) -> dict:
 
 def main() -> int:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--out", default="bench/results/issue24/fp8_kv_cpu.json")
+    parser.add_argument("--out", default="bench/results/accuracy/cpu_fp8_kv.json")
     parser.add_argument("--device", default="cpu")
     args = parser.parse_args()
     torch.manual_seed(0)

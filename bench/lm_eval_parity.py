@@ -1,5 +1,5 @@
 """lm-evaluation-harness against `nanoserve serve`, next to lm-eval's own `hf` model on the same checkpoint
-(issue 23's proof): loglikelihood (multiple choice), rolling perplexity and generate_until, on small local
+(the server's proof of parity): loglikelihood (multiple choice), rolling perplexity and generate_until, on small local
 tasks written here (the hub is unreachable), SmolLM2-135M-Instruct in float32 on the CPU.
 
     python bench/lm_eval_parity.py --python /path/to/venv-with-lm_eval/bin/python [--out FILE]
@@ -98,7 +98,7 @@ def loglikelihoods(result: dict, task: str) -> list[float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--python", default=sys.executable, help="an interpreter with lm_eval installed")
-    parser.add_argument("--out", default=str(ROOT / "bench/results/issue23/lm_eval.json"))
+    parser.add_argument("--out", default=str(ROOT / "bench/results/accuracy/cpu_lm_eval.json"))
     args = parser.parse_args()
     from nanoserve.model.zoo import resolve_model
     model_dir = str(resolve_model("smollm2-135m-instruct"))

@@ -1,6 +1,6 @@
 """The stage ladder of `nanoserve bench --ladder` as a picture for the README.
 
-    python bench/plot_ladder.py bench/results/h200_bench.json bench/results/h200_ladder.png
+    python bench/plot_ladder.py bench/results/throughput/h200_ladder.json bench/results/throughput/h200_ladder.png
 """
 import json
 import sys

@@ -1,7 +1,7 @@
 """Greedy tokens of one engine, written as JSON: one engine per process, so that a hang or a crash in one
-configuration cannot stop the others (bench/gpu_lesson07.py's parity phase runs this under a time limit).
+configuration cannot stop the others (bench/tensor_parallel.py's parity phase runs this under a time limit).
 
-    python bench/tp_tokens.py MODEL TP DTYPE OUT.json [--tight] [--limit SECONDS]
+    python bench/tp_tokens.py MODEL TP DTYPE OUT.json [--tight] [--eager] [--limit SECONDS]
 
 The requests: 24 random prompts of 1..300 tokens, every other one behind a shared 40-token prefix
 (prefix-cache hits), 32 greedy tokens each. --tight: a small pool and token budget, so that chunked
@@ -34,9 +34,12 @@ if __name__ == "__main__":
     parser.add_argument("out")
     parser.add_argument("--tight", action="store_true")
     parser.add_argument("--limit", type=float, default=240)
+    parser.add_argument("--eager", action="store_true", help="enforce_eager: no CUDA graphs, no compiled ops")
     args = parser.parse_args()
     faulthandler.dump_traceback_later(args.limit, exit=True)
     pool = dict(max_num_seqs=16, max_num_batched_tokens=256, num_gpu_blocks_override=120) if args.tight else {}
+    if args.eager:
+        pool["enforce_eager"] = True
     start = time.perf_counter()
     prompts, params = requests()
     with LLM(args.model, dtype=args.dtype, max_model_len=1024, tensor_parallel_size=args.tp, **pool) as llm:

@@ -61,3 +61,35 @@ def test_features_bench_writes_every_row_and_mixes_features_per_request(tmp_path
     assert mixed[0].logprobs == 5 and mixed[1].repetition_penalty == 1.1 and len(mixed[2].logit_bias) == 100
     assert mixed[3].structured_outputs.json_object and len({repr(p) for p in mixed[:4]}) == 4
     assert main(["bench", "--rounds", "3"]) == 2  # --rounds without --features: a usage error, not ignored
+
+
+def test_stored_results_say_where_they_come_from_and_what_cites_them_exists():
+    """bench/results: every JSON names the commit, machine and date of its run; every path the README, the docs
+    and bench/README.md cite is there; bench/README.md describes every script in bench/."""
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    results = root / "bench" / "results"
+    stored = sorted(results.rglob("*.json"))
+    assert len(stored) > 30
+    for path in stored:
+        if path.name.endswith("_decode_timeline.json"):  # a trace, whose top level is its timelines
+            continue
+        found = json.loads(path.read_text())
+        assert {"commit", "machine", "date"} <= set(found), f"{path.relative_to(root)} does not say where it is from"
+        assert re.fullmatch(r"[0-9a-f]{7,}(\+changes)?", found["commit"]) and found["machine"]
+        assert re.fullmatch(r"\d{4}-\d{2}-\d{2}", found["date"]), path
+    subdirs = {p.name for p in results.iterdir() if p.is_dir()}
+    for doc in ("README.md", "CONTRIBUTING.md", "docs/performance.md", "bench/README.md"):
+        text = (root / doc).read_text()
+        cited = [root / p.rstrip(".") for p in re.findall(r"bench/[\w./*-]+", text)]
+        # the docs name results relative to bench/results: `throughput/h200.json`
+        cited += [results / p for p in re.findall(r"`([\w-]+/[\w./*-]*)`", text) if p.split("/")[0] in subdirs]
+        for path in cited:
+            assert list(path.parent.glob(path.name)) or path.is_dir(), f"{doc} cites {path.relative_to(root)}"
+    # the scripts bench/README.md describes are there, and it describes every script the others run or cite
+    described = (root / "bench" / "README.md").read_text()
+    assert all((root / "bench" / s).is_file() for s in re.findall(r"^\| `([\w-]+\.(?:py|sh))`", described, re.M))
+    users = "".join((root / f).read_text() for f in ("bench/run_gpu.sh", "docs/performance.md", "README.md"))
+    assert {s for s in re.findall(r"bench/([\w-]+\.(?:py|sh))", users) if f"`{s}`" not in described} == set()
