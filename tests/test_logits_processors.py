@@ -139,7 +139,7 @@ def test_penalty_counts_kept_on_the_device_match_a_recount_every_step(case):
 
 @pytest.fixture(scope="module")
 def llm():
-    with LLM("tiny-qwen3", device="cpu", max_model_len=256, num_gpu_blocks_override=128) as llm:  # (the GPU: bench/gpu_logits_processors.py)
+    with LLM("tiny-qwen3", device="cpu", max_model_len=256, num_gpu_blocks_override=128) as llm:  # (the GPU: tests/gpu/test_gpu_features.py)
         yield llm
 
 

@@ -201,8 +201,9 @@ def test_tool_requests_that_cannot_be_served_are_refused_by_name(client, body, p
 
 def test_outputs_follow_separately_compiled_matchers_compiled_off_the_callers_thread(llm, monkeypatch):
     """A step's masks are filled side by side only for separately compiled matchers: CompiledGrammar hands out
-    copies of up to MASK_THREADS of them in turn. The extra ones compile in a thread of their own, so a grammar
-    that is slow to compile never stalls the caller (the step loop); every copy follows the grammar."""
+    copies of up to MASK_THREADS of them in turn. The extra ones compile in a thread of their own, all of them
+    from the first request on, so a grammar that is slow to compile never stalls the caller (the step loop);
+    every copy follows the grammar."""
     import threading
     import time
 
@@ -221,10 +222,9 @@ def test_outputs_follow_separately_compiled_matchers_compiled_off_the_callers_th
     spec = StructuredOutputsParams(regex="(ab){1,40}c")
     grammar = so.compiled_grammar(llm.tokenizer, spec)  # compiled and checked here, as a server's thread does
     monkeypatch.setattr(llguidance, "LLMatcher", recording)
-    matchers = []
+    matchers = [grammar.matcher()]  # the first request starts the compiles of all the others
     deadline = time.monotonic() + 30
     while len(grammar.bases) < 3 and time.monotonic() < deadline:
-        matchers.append(grammar.matcher())
         time.sleep(0.01)
     matchers += [grammar.matcher() for _ in range(6)]
     assert len(grammar.bases) == 3 and len(compiled_in) == 2  # at most MASK_THREADS, each compiled once

@@ -14,9 +14,15 @@ class Delta:
     seq: Sequence
     token_id: int | None  # None: the sequence failed alone (error says why)
     text: str  # the text this token made final ("" unless the sequence makes text token by token)
-    logprobs: dict[int, float] | None  # this token's {token id: log-prob}, when the request asked for them
     finish_reason: str | None  # "stop", "length" or "error" on the completion's last delta, else None
     error: str | None = None
+    step: int = -1  # which of seq.logprobs is this token's
+
+    @property
+    def logprobs(self) -> dict | None:
+        """This token's {token id: Logprob}, when the request asked for them: made when read, not in the step
+        loop (a step routes a delta per sequence, and LLM.generate reads none of them: it returns the list)."""
+        return self.seq.logprobs[self.step] if self.token_id is not None and self.seq.logprobs is not None else None
 
     @property
     def index(self) -> int:
@@ -56,10 +62,10 @@ class OutputRouter:
             if owner is None or (token is None and seq.error is None):
                 continue
             if token is None:
-                delta = Delta(seq, None, "", None, "error", seq.error)
+                delta = Delta(seq, None, "", "error", seq.error)
             else:
-                delta = Delta(seq, token, seq.new_text, seq.logprobs[-1] if seq.logprobs is not None else None,
-                              seq.finish_reason)
+                delta = Delta(seq, token, seq.new_text, seq.finish_reason,
+                              step=len(seq.logprobs) - 1 if seq.logprobs is not None else -1)
             if delta.finished:
                 del self.owners[seq.seq_id]
             owner.append(delta)

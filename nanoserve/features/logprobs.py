@@ -44,27 +44,37 @@ def logsumexp_rank(logits: torch.Tensor, chosen: torch.Tensor) -> tuple[torch.Te
     return logits.logsumexp(dim=-1), (logits > chosen[:, None]).sum(dim=-1) + 1
 
 
-_TEXTS: dict = {}  # id(tokenizer) -> (tokenizer, {token id: its text})
+class TokenTexts(dict):
+    """{token id: its text}, vLLM's Logprob.decoded_token: each token decoded once, when first asked for."""
+
+    def __init__(self, tokenizer):
+        super().__init__()
+        self.tokenizer = tokenizer
+
+    def __missing__(self, token: int) -> str:
+        text = self[token] = self.tokenizer.decode([token])
+        return text
 
 
-def token_text(tokenizer, token: int) -> str | None:
-    """vLLM's Logprob.decoded_token, decoded once per token id."""
+_TEXTS: dict[int, TokenTexts] = {}  # id(tokenizer) -> its texts
+
+
+def token_texts(tokenizer) -> TokenTexts | None:
     if tokenizer is None:
         return None
-    entry = _TEXTS.get(id(tokenizer))
-    if entry is None or entry[0] is not tokenizer:
-        entry = _TEXTS[id(tokenizer)] = (tokenizer, {})
-    texts = entry[1]
-    if token not in texts:
-        texts[token] = tokenizer.decode([token])
-    return texts[token]
+    texts = _TEXTS.get(id(tokenizer))
+    if texts is None or texts.tokenizer is not tokenizer:
+        texts = _TEXTS[id(tokenizer)] = TokenTexts(tokenizer)
+    return texts
 
 
 def logprob_entry(values, indices, k: int, token: int, chosen: float, rank: int, tokenizer=None) -> dict:
     """{token: Logprob}: a row's k likeliest tokens, and its own token (sampled, or the prompt's)."""
-    entry = {int(t): Logprob(float(v), j + 1, token_text(tokenizer, int(t)))
-             for j, (t, v) in enumerate(zip(indices[:k], values[:k]))}
-    entry[token] = Logprob(float(chosen), int(rank), token_text(tokenizer, token))
+    texts = token_texts(tokenizer)
+    ids = [int(t) for t in indices[:k]]
+    entry = {t: Logprob(float(v), j + 1, texts[t] if texts is not None else None)
+             for j, (t, v) in enumerate(zip(ids, values[:k]))}
+    entry[token] = Logprob(float(chosen), int(rank), texts[token] if texts is not None else None)
     return entry
 
 

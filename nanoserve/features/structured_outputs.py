@@ -71,8 +71,10 @@ class CompiledGrammar:
     millisecond, where compiling takes milliseconds). Copies of one compiled matcher are filled one at a time by
     llguidance's threads (measured: bench/llguidance_parallel.py), and a regex's mask can take half a
     millisecond, so the copies are made from up to MASK_THREADS separately compiled matchers in turn. The extra
-    ones compile in a thread of their own, one after another: matcher() never compiles, so a request whose
-    grammar is slow to compile (a server admits it within a time limit, lesson 08) never stalls the step loop."""
+    ones compile in a thread of their own, all of them, one after another, from the first request on (a copy
+    stays with its matcher: the first burst of requests should find them ready). matcher() never compiles, so a
+    request whose grammar is slow to compile (a server admits it within a time limit, lesson 08) never stalls
+    the step loop."""
 
     def __init__(self, ll: llguidance.LLTokenizer, grammar: str, first: llguidance.LLMatcher):
         self.ll, self.grammar, self.bases, self.handed = ll, grammar, [first], 0
@@ -86,15 +88,16 @@ class CompiledGrammar:
             self.handed += 1
             if len(self.bases) < MASK_THREADS and not self.compiling:
                 self.compiling = True
-                threading.Thread(target=self._compile_another, daemon=True).start()
+                threading.Thread(target=self._compile_the_rest, daemon=True).start()
             return base.deep_copy()
 
-    def _compile_another(self) -> None:
+    def _compile_the_rest(self) -> None:
         try:  # compiled as the first was (which was checked)
             limits = llguidance.LLParserLimits(**LIMITS)
-            base = llguidance.LLMatcher(self.ll, self.grammar, limits=limits, log_level=0)
-            with self.lock:
-                self.bases.append(base)
+            while len(self.bases) < MASK_THREADS:
+                base = llguidance.LLMatcher(self.ll, self.grammar, limits=limits, log_level=0)
+                with self.lock:
+                    self.bases.append(base)
         finally:
             self.compiling = False
 
