@@ -19,7 +19,7 @@
 #
 # Where: RESULTS (default bench/results, or $OUT/results when $OUT is set, as on a lent device machine);
 # logs in $RESULTS/../logs. PYTHON: the interpreter (default python3). COMMIT: the commit to stamp, where the
-# tree has no .git. Outside a virtual environment the wheels in .whl/ (bench/wheels.sh) are installed first,
+# tree has no .git. Where the engine's dependencies are missing, the wheels in .whl/ (bench/wheels.sh) are installed,
 # without the network.
 set -u
 cd "$(dirname "$0")/.."
@@ -32,7 +32,6 @@ t0=$(date +%s)
 failed=()
 
 say() { echo "[$(( $(date +%s) - t0 )) s] $*"; }
-in_venv() { $PY -c "import sys; sys.exit(sys.prefix == sys.base_prefix)"; }
 # h200, h100, ...; with several GPUs h200x2: the prefix of every result file a stage writes
 machine() {
   $PY - "$1" <<'EOF'
@@ -58,7 +57,8 @@ run() {
 }
 
 setup() {
-  if [ -d .whl ] && ! in_venv; then
+  # the wheels in .whl/ (bench/wheels.sh) where the engine's dependencies are missing (a bare GPU machine)
+  if [ -d .whl ] && ! $PY -c "import llguidance, safetensors, transformers" 2>/dev/null; then
     $PY -m pip install -q --no-index --no-deps --no-compile .whl/*.whl 2>&1 | tail -1
   fi
   $PY -m nanoserve.cli prepare qwen3-0.6b-random tiny-qwen3 > "$LOGS/prepare.log" 2>&1 || {
