@@ -179,7 +179,7 @@ def kernel_breakdown(result):
             out[f"batch{batch}_gpu_us_per_step"] = sum(spent.values())
             if batch == 1:
                 runner = engine.runner
-                runner.builder.d["slot_mapping"].fill_(-1)  # replays below write no K/V
+                runner.builder.dev_views["slot_mapping"].fill_(-1)  # replays below write no K/V
                 replay = {}
                 for size in runner.graphs.sizes[:6]:
                     graph = runner.graphs.graphs[size][0]

@@ -83,7 +83,7 @@ def matmuls(config) -> dict:
 def replay_kernels(runner, size: int) -> dict:
     """The kernels one replay of graph `size` runs, by name: count and total GPU microseconds."""
     graph = runner.graphs.graphs[size][0]
-    runner.builder.d["slot_mapping"][:size].fill_(-1)  # replays write no K/V anywhere
+    runner.builder.dev_views["slot_mapping"][:size].fill_(-1)  # replays write no K/V anywhere
     for _ in range(3):
         graph.replay()
     torch.cuda.synchronize()
@@ -101,7 +101,7 @@ def replay_kernels(runner, size: int) -> dict:
 
 def replay_ms(runner, size: int, replays: int = 200) -> float:
     graph = runner.graphs.graphs[size][0]
-    runner.builder.d["slot_mapping"][:size].fill_(-1)
+    runner.builder.dev_views["slot_mapping"][:size].fill_(-1)
     graph.replay()
     torch.cuda.synchronize()
     start = time.perf_counter()

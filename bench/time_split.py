@@ -22,7 +22,7 @@ sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
 
 
 class PhaseTimer:
-    """Seconds spent in the engine's phases, by wrapping its methods (restored by `undo`)."""
+    """Seconds spent in the engine's phases, by wrapping its methods (restored by `restore`)."""
 
     def __init__(self, llm):
         self.engine, self.runner, self.seconds, self.saved = llm.engine, llm.engine.runner, collections.Counter(), []
@@ -31,7 +31,7 @@ class PhaseTimer:
             self.wrap(owner, name)
         # inside launch
         from nanoserve.engine import model_runner
-        for name in ("prepare_inputs", "feed_rows", "scored_prompt_rows", "process_logits", "top_logprobs",
+        for name in ("prepare_inputs", "rows_from_previous", "scored_prompt_rows", "process_logits", "top_logprobs",
                      "record_event"):
             self.wrap(model_runner, name, restore=getattr(model_runner, name))
         self.wrap(self.runner.builder, "build")
@@ -62,7 +62,7 @@ class PhaseTimer:
         self.saved.append((owner, name, restore))
         setattr(owner, name, timed)
 
-    def undo(self):
+    def restore(self):
         for owner, name, value in reversed(self.saved):
             if value is None:
                 delattr(owner, name)
@@ -79,7 +79,7 @@ def run_timed(llm, prompts, params):
         outputs = llm.generate(prompts, params, use_tqdm=False)
         sync()
     finally:
-        timer.undo()
+        timer.restore()
     wall = time.perf_counter() - start
     steps = llm.engine.stats.steps - steps_before
     ms = {k: 1e3 * v / steps for k, v in timer.seconds.items()}

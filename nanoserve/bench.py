@@ -88,7 +88,7 @@ def graph_replay_ceiling(llm, replays: int = 200) -> float | None:
     runner = llm.engine.runner
     if runner.graphs is None or llm.workers is not None:
         return None  # no graphs; or tensor-parallel ones, whose collectives wait for every rank to replay too
-    runner.builder.d["slot_mapping"][:1].fill_(-1)  # replays must not write K/V anywhere
+    runner.builder.dev_views["slot_mapping"][:1].fill_(-1)  # replays must not write K/V anywhere
     graph = runner.graphs.graphs[1][0]
     torch.cuda.synchronize()
     start = time.perf_counter()

@@ -18,13 +18,13 @@ def test_batch_invariance_with_preemption_chunking_and_prefix_caching():
 # instead, what the check's message says)
 WRONG_STEPS = {
     "never launches ahead": ("if self.async_scheduling:", "if False:", "not launched ahead"),
-    "launches ahead unfed": ("feed=current", "feed=None", "without feed=current"),
+    "launches ahead unfed": ("previous=current", "previous=None", "without previous=current"),
     "collects the step ahead": ("self.runner.collect(current)", "self.runner.collect(self.in_flight or current)",
                                 "collect the current step"),
-    "forgets nothing": ("self.forget(self.in_flight, current)", "pass", "take back all it counted"),
-    "forgets the step ahead only": ("self.forget(self.in_flight, current)", "self.forget(self.in_flight)",
+    "forgets nothing": ("self.cancel_steps(self.in_flight, current)", "pass", "take back all it counted"),
+    "forgets the step ahead only": ("self.cancel_steps(self.in_flight, current)", "self.cancel_steps(self.in_flight)",
                                     "take back all it counted"),
-    "forgets the current step only": ("self.forget(self.in_flight, current)", "self.forget(current)",
+    "forgets the current step only": ("self.cancel_steps(self.in_flight, current)", "self.cancel_steps(current)",
                                       "take back all it counted"),
     "Ctrl-C goes past": ("except BaseException:", "except Exception:", "KeyboardInterrupt"),
     "swallows the error": ("        raise\n", "        return []\n", "raises it again"),

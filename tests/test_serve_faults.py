@@ -195,7 +195,7 @@ def test_a_failed_step_fails_only_the_requests_in_it(llm, monkeypatch, named):
     monkeypatch.setattr(engine.scheduler, "max_num_seqs", 2)  # B must wait for a place in the batch
     run, fired = engine.runner.launch, []
 
-    def runner_run(batch, feed=None):
+    def runner_run(batch, previous=None):
         prompts = [s.prompt_ids for s in batch.seqs]
         if not fired and A_PROMPT in prompts and C_PROMPT in prompts:
             if not engine.scheduler.waiting:  # hold A and C here until B is queued: then it has to wait
@@ -206,7 +206,7 @@ def test_a_failed_step_fails_only_the_requests_in_it(llm, monkeypatch, named):
                 fired.append(len(engine.scheduler.waiting))
                 engine.step_seqs = [s for s in batch.seqs if s.prompt_ids == A_PROMPT] if named else []
                 raise RuntimeError("injected step failure")
-        return run(batch, feed)
+        return run(batch, previous)
 
     monkeypatch.setattr(engine.runner, "launch", runner_run)
 

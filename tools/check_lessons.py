@@ -5,6 +5,7 @@
     python tools/check_lessons.py 03                lesson 03 only (make check LESSON=03)
     python tools/check_lessons.py --lessons-dir DIR 01 05
     python tools/check_lessons.py --full 03         messages whole, not cut (make check FULL=1 LESSON=03)
+    python tools/check_lessons.py --timeout 600     a longer time limit per lesson (make check CHECK_TIMEOUT=600)
 
 For each lesson, in a fresh Python process of its own (a crash, a hang or a half-imported module in one
 lesson cannot touch the next), the notebook's `#| export` code cells -- the code that would become the
@@ -26,10 +27,16 @@ message longer than WIDTH is cut and says so; --full (or FULL=1 in the environme
 passes it, as make exports the variables of its command line to the commands it runs) prints it whole.
 A check that fails because it runs an earlier exercise's code, and that exercise is a stub or fails its
 own check (or its cell raised), says "needs X.Y first".
+
+A lesson has TIMEOUT seconds; CHECK_TIMEOUT in the environment (`make check CHECK_TIMEOUT=600`) or --timeout
+changes that, and raising it raises the time limits of the checks themselves alike (nanoserve.checks.time_limit:
+a rank or a request a check waits for). A lesson that runs out of time names the cell or the check that was
+running, the limit, and how to raise it (on a slow or busy machine a check may just need longer).
 """
 import argparse
 import ast
 import contextlib
+import functools
 import importlib
 import io
 import json
@@ -46,7 +53,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from export import TOP_LEVEL_NAME, top_level_names  # noqa: E402
-TIMEOUT = 300  # seconds per lesson; each takes well under two minutes on a laptop CPU
+TIMEOUT = 300  # seconds per lesson, as nanoserve.checks.LESSON_TIME_LIMIT; a lesson takes seconds on a laptop
 WIDTH = 100  # a message longer than this is cut (unless --full)
 MORE = " (cut: make check FULL=1 shows all)"  # ends a cut message
 LABEL = 40  # a cell's first line, quoted in a message, is cut to this many characters
@@ -223,8 +230,10 @@ def blocked_by(name, filename: str, cells: dict, binds: dict) -> str | None:
     return None
 
 
-def run_lesson(path: Path) -> list[list]:
-    """[[exercise, passed, message, where], ...] for one lesson notebook; runs the learner's code here."""
+def run_lesson(path: Path, progress=None) -> list[list]:
+    """[[exercise, passed, message, where], ...] for one lesson notebook; runs the learner's code here.
+    progress(rows so far, what runs now, the lesson's exercises) is called before each cell and each check:
+    the driver, which stops this process when its time is up, learns from it what was running."""
     import torch  # before triton: on a CPU the Triton kernels of lesson 03 run in Triton's interpreter,
     if not torch.cuda.is_available():  # which must be switched on before triton is first imported
         os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -236,6 +245,8 @@ def run_lesson(path: Path) -> list[list]:
         return [["(checks)", False, f"no exercise checks for lesson {number}: {e}", ""]]
 
     rows = []
+    names = list(table)
+    progress = functools.partial(progress, names=names) if progress else lambda rows, running: None
     try:
         nb = json.loads(path.read_text(encoding="utf-8"))
         cells = [(c.get("cell_type"), c.get("source", "")) for c in nb["cells"]]
@@ -275,6 +286,7 @@ def run_lesson(path: Path) -> list[list]:
         binds[filename] = names | {(a.asname or a.name).split(".")[0] for node in tree.body
                                    if isinstance(node, (ast.Import, ast.ImportFrom)) for a in node.names}
         before = {name: ns.get(name, ns) for name in names}  # ns itself marks "unbound"
+        progress(rows, label)
         try:
             with contextlib.redirect_stdout(io.StringIO()):
                 exec(compile(tree, filename, "exec"), ns)
@@ -304,6 +316,7 @@ def run_lesson(path: Path) -> list[list]:
                 failed[row_number(exercise, numbers)] = True
     for name, check in table.items():
         number = name.split()[0]
+        progress(rows, name)
         try:
             with contextlib.redirect_stdout(io.StringIO()):  # the checks print ✓ lines of their own
                 check(view)
@@ -327,8 +340,13 @@ def run_lesson(path: Path) -> list[list]:
 
 def worker(path: Path, out: Path) -> int:
     sys.path.insert(0, str(ROOT))  # this repository's nanoserve, whatever is installed
-    rows = run_lesson(path)
-    out.write_text(json.dumps(rows), encoding="utf-8")
+
+    def save(rows, running, names=()):  # whole or not at all: the driver may read it as it stops this process
+        partial = out.with_name(out.name + ".partial")
+        partial.write_text(json.dumps({"rows": rows, "running": running, "names": list(names)}), encoding="utf-8")
+        os.replace(partial, out)
+
+    save(run_lesson(path, save), None)
     return 0
 
 
@@ -349,21 +367,40 @@ def find_lessons(folder: Path, wanted: list[str]) -> list[Path]:
     return chosen
 
 
+def stopped(done: dict, why: str, left: str) -> list[list]:
+    """The rows of a lesson whose process was stopped (its time was up) or died: those it finished, then what
+    was running (a check, or a cell of the notebook) with `why`, then the checks it never reached (`left`)."""
+    rows, running, names = done.get("rows", []), done.get("running"), done.get("names", [])
+    finished = {row[0] for row in rows}
+    if running in names:  # a check
+        now = [[running, False, why, ""]]
+    elif running:  # a cell of the notebook, by its label
+        now = [["(notebook)", False, f"{running}: {why}", ""]]
+    else:  # before the first cell: starting Python, importing the checks
+        now = [["(lesson)", False, why, ""]]
+    return rows + now + [[name, False, f"not run: {left}", ""]
+                         for name in names if name not in finished and name != running]
+
+
 def check_in_subprocess(path: Path, timeout: float) -> list[list]:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "rows.json"
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+                   CHECK_TIMEOUT=f"{timeout:g}")  # the checks' own limits grow with it (nanoserve.checks)
         try:
             result = subprocess.run([sys.executable, __file__, "--worker", str(path), "--out", str(out)],
                                     cwd=path.parent, env=env, capture_output=True, text=True, timeout=timeout)
         except subprocess.TimeoutExpired:
-            return [["(lesson)", False, f"timed out after {timeout:.0f} s (a cell or a check loops?)", ""]]
-        if result.returncode == 0 and out.exists():
-            return json.loads(out.read_text(encoding="utf-8"))
+            return stopped(json.loads(out.read_text(encoding="utf-8")) if out.exists() else {},
+                           f"timed out at {timeout:.0f} s, the lesson's time limit (make check CHECK_TIMEOUT="
+                           f"{2 * timeout:.0f} raises it): a loop that never ends, or a slow or busy machine",
+                           "the lesson ran out of time")
+        done = json.loads(out.read_text(encoding="utf-8")) if out.exists() else {}
+        if result.returncode == 0 and "running" in done and done["running"] is None:
+            return done["rows"]
         tail = [line for line in (result.stderr or result.stdout).splitlines() if line.strip()]
-        return [["(lesson)", False, f"the checker crashed (exit {result.returncode}): "
-                                    f"{tail[-1].strip() if tail else 'no output'}" + "".join(
-                                        "\n" + line for line in tail[-40:-1]), ""]]
+        why = f"the checker crashed (exit {result.returncode}): {tail[-1].strip() if tail else 'no output'}"
+        return stopped(done, why + "".join("\n" + line for line in tail[-40:-1]), "the checker crashed first")
 
 
 def render(message: str, place: str, full: bool) -> list[str]:
@@ -384,7 +421,9 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description="Run each lesson's exercise checks on the code in lessons/.")
     parser.add_argument("lessons", nargs="*", metavar="NN", help="lesson numbers (default: all)")
     parser.add_argument("--lessons-dir", type=Path, default=ROOT / "lessons", help="default: lessons/")
-    parser.add_argument("--timeout", type=float, default=TIMEOUT, help="seconds per lesson (default %(default)s)")
+    parser.add_argument("--timeout", type=float, default=None,
+                        help=f"seconds per lesson (default: CHECK_TIMEOUT in the environment, else {TIMEOUT}; "
+                             f"make check CHECK_TIMEOUT=600)")
     parser.add_argument("--full", action="store_true",
                         help=f"print messages whole (default: one line, cut at {WIDTH} characters); "
                              "FULL=1 in the environment does the same: make check FULL=1")
@@ -394,6 +433,13 @@ def main(argv=None) -> int:
     if args.worker:
         return worker(args.worker, args.out)
     full = args.full or os.environ.get("FULL", "").strip().lower() in ("1", "yes", "true", "on")
+    if args.timeout is None:
+        try:
+            args.timeout = float(os.environ.get("CHECK_TIMEOUT", "").strip() or TIMEOUT)
+        except ValueError:
+            parser.error(f"CHECK_TIMEOUT={os.environ['CHECK_TIMEOUT']!r}: want a number of seconds")
+    if not args.timeout > 0:
+        parser.error(f"the time limit must be a positive number of seconds, got {args.timeout:g}")
 
     lessons = find_lessons(args.lessons_dir, args.lessons)
     if not lessons:

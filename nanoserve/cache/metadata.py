@@ -24,7 +24,7 @@ class StepMetadata:
     # Known on the host as Python ints: reading them from GPU tensors would cost a sync in every layer.
     max_context_len: int
     max_query_len: int
-    num_fed: int = 0  # tokens the runner copies in on the device from the previous step's samples (lesson 05)
+    num_carried: int = 0  # tokens the runner copies in on the device from the previous step's samples (lesson 05)
 
 
 class StepMetadataBuilder:
@@ -38,15 +38,15 @@ class StepMetadataBuilder:
         self.sizes = {"input_ids": max_num_tokens, "positions": max_num_tokens, "slot_mapping": max_num_tokens,
                       "context_lens": max_num_seqs, "cu_seqlens_q": max_num_seqs + 1,
                       "sample_rows": max_num_seqs + max_num_tokens,
-                      "feed_rows": max_num_seqs, "feed_from": max_num_seqs, "block_tables": max_num_seqs * max_blocks_per_seq}
+                      "carried_rows": max_num_seqs, "carried_from": max_num_seqs, "block_tables": max_num_seqs * max_blocks_per_seq}
         on_gpu = self.device.type == "cuda"
         self.hosts = [torch.zeros(sum(self.sizes.values()), dtype=torch.int32, pin_memory=on_gpu)
                       for _ in range(2 if on_gpu else 1)]
         self.dev = self.hosts[0].to(self.device) if on_gpu else self.hosts[0]  # a CPU reads the host buffer itself
         self.views = [self._split(host.numpy(), max_blocks_per_seq) for host in self.hosts]  # name -> numpy view
-        self.d = self._split(self.dev, max_blocks_per_seq)  # name -> view of the device buffer
+        self.dev_views = self._split(self.dev, max_blocks_per_seq)  # name -> view of the device buffer
         self.copied = [None] * len(self.hosts)  # per host buffer: an event once its last copy has left it
-        self.turn = 0
+        self.current = 0
         self.max_num_tokens, self.max_num_seqs = max_num_tokens, max_num_seqs
 
     def _split(self, buffer, width: int) -> dict:
@@ -57,35 +57,35 @@ class StepMetadataBuilder:
         return views
 
     @property
-    def h(self) -> dict:
+    def host(self) -> dict:
         """The host buffer of the step being built."""
-        return self.views[self.turn]
+        return self.views[self.current]
 
     def build(self, cache, seqs: list[tuple[int, int, list[int]]], sample: list[bool] | None = None,
-              pad_to: int | None = None, feed: list[tuple[int, int]] = (), scored: list[int] = ()) -> StepMetadata:
+              pad_to: int | None = None, carried: list[tuple[int, int]] = (), prompt_rows: list[int] = ()) -> StepMetadata:
         """seqs: (seq_id, start, new token ids) per sequence: its K/V are cached up to `start`, and its new
         tokens sit at positions start, start + 1, ... . sample[i]: does sequence i get a token (default: all).
         pad_to: a decode step padded with idle rows up to this many sequences (lesson 06's graphs).
-        feed: (row, i) pairs: the token at this row is the one the previous step sampled at its row i (the
-        runner copies it there on the device: async scheduling). scored: more rows whose logits the step
-        computes, after the sampled ones (prompt tokens being scored: lesson 05's prompt_logprobs)."""
+        carried: (row, i) pairs: the token at this row is the one the previous step sampled at its row i (the
+        runner copies it there on the device: async scheduling). prompt_rows: more rows whose logits the step
+        computes, after the sampled ones (prompt tokens being prompt_rows: lesson 05's prompt_logprobs)."""
         self.next_buffer()
-        h, num_seqs = self.h, len(seqs)
+        host, num_seqs = self.host, len(seqs)
         num_new = np.array([len(tokens) for _, _, tokens in seqs], dtype=np.int64)
         num_tokens = int(num_new.sum())
         if not 0 < num_seqs <= self.max_num_seqs or num_tokens > self.max_num_tokens or (num_new < 1).any():
             raise ValueError(f"a step of {num_seqs} sequences and {num_tokens} tokens (each at least 1) does not fit "
                              f"this builder ({self.max_num_seqs} sequences, {self.max_num_tokens} tokens)")
         starts = np.array([start for _, start, _ in seqs], dtype=np.int64)
-        cu = h["cu_seqlens_q"][:num_seqs + 1]
+        cu = host["cu_seqlens_q"][:num_seqs + 1]
         cu[0], cu[1:] = 0, np.cumsum(num_new)
-        h["context_lens"][:num_seqs] = starts + num_new
+        host["context_lens"][:num_seqs] = starts + num_new
         # joined in C: a prefill step has thousands of tokens, and no Python loop runs over them
-        h["input_ids"][:num_tokens] = np.fromiter(chain.from_iterable(t for _, _, t in seqs), np.int32, num_tokens)
+        host["input_ids"][:num_tokens] = np.fromiter(chain.from_iterable(t for _, _, t in seqs), np.int32, num_tokens)
         seq_of_token = np.repeat(np.arange(num_seqs), num_new)
         positions = np.arange(num_tokens) - cu[seq_of_token] + starts[seq_of_token]
-        h["positions"][:num_tokens] = positions
-        tables, width = h["block_tables"], 1
+        host["positions"][:num_tokens] = positions
+        tables, width = host["block_tables"], 1
         for i, (seq_id, start, tokens) in enumerate(seqs):
             table = cache.block_table(seq_id)
             if len(table) * cache.block_size < start + len(tokens):  # reserve/grow come first: no allocation here
@@ -94,66 +94,67 @@ class StepMetadataBuilder:
             tables[i, :len(table)], tables[i, len(table):] = table, -1
             width = max(width, len(table))
         bs = cache.block_size
-        h["slot_mapping"][:num_tokens] = tables[seq_of_token, positions // bs] * bs + positions % bs
+        host["slot_mapping"][:num_tokens] = tables[seq_of_token, positions // bs] * bs + positions % bs
         sampled = cu[1:][np.array(sample, dtype=bool)] - 1 if sample is not None else cu[1:] - 1
-        h["sample_rows"][:len(sampled)], h["sample_rows"][len(sampled):len(sampled) + len(scored)] = sampled, scored
-        h["feed_rows"][:len(feed)], h["feed_from"][:len(feed)] = [r for r, _ in feed], [i for _, i in feed]
-        meta = StepMetadata(*self._views(num_tokens, num_seqs, len(sampled) + len(scored), width),
+        host["sample_rows"][:len(sampled)], host["sample_rows"][len(sampled):len(sampled) + len(prompt_rows)] = sampled, prompt_rows
+        host["carried_rows"][:len(carried)] = [r for r, _ in carried]
+        host["carried_from"][:len(carried)] = [i for _, i in carried]
+        meta = StepMetadata(*self._views(num_tokens, num_seqs, len(sampled) + len(prompt_rows), width),
                             bool((num_new == 1).all()),
-                            int((starts + num_new).max()), int(num_new.max()), len(feed))
+                            int((starts + num_new).max()), int(num_new.max()), len(carried))
         if pad_to is not None:  # idle rows: token 0 at position 0, K/V written nowhere, an empty context
             self.pad(num_seqs, pad_to)
-            meta = self.static(pad_to, meta.max_context_len, len(feed))
+            meta = self.static(pad_to, meta.max_context_len, len(carried))
         self.copy()
         return meta
 
     def pad(self, n: int, size: int) -> None:
-        h = self.h
-        h["input_ids"][n:size], h["positions"][n:size], h["slot_mapping"][n:size], h["context_lens"][n:size] = 0, 0, -1, 0
-        h["cu_seqlens_q"][n + 1:size + 1] = np.arange(n + 1, size + 1)
-        h["sample_rows"][n:size], h["block_tables"][n:size] = np.arange(n, size), -1
+        host = self.host
+        host["input_ids"][n:size], host["positions"][n:size], host["slot_mapping"][n:size], host["context_lens"][n:size] = 0, 0, -1, 0
+        host["cu_seqlens_q"][n + 1:size + 1] = np.arange(n + 1, size + 1)
+        host["sample_rows"][n:size], host["block_tables"][n:size] = np.arange(n, size), -1
 
-    def static(self, size: int, max_context_len: int, num_fed: int = 0) -> StepMetadata:
+    def static(self, size: int, max_context_len: int, num_carried: int = 0) -> StepMetadata:
         """A decode step of `size` sequences over the buffers' full width (what a CUDA graph records)."""
-        return StepMetadata(*self._views(size, size, size, self.d["block_tables"].shape[1]), True, max_context_len,
-                            1, num_fed)
+        return StepMetadata(*self._views(size, size, size, self.dev_views["block_tables"].shape[1]), True, max_context_len,
+                            1, num_carried)
 
     def _views(self, num_tokens: int, num_seqs: int, num_sampled: int, width: int) -> tuple:
-        d = self.d
-        return (d["input_ids"][:num_tokens], d["positions"][:num_tokens], d["slot_mapping"][:num_tokens],
-                d["block_tables"][:num_seqs, :width], d["context_lens"][:num_seqs], d["cu_seqlens_q"][:num_seqs + 1],
-                d["sample_rows"][:num_sampled])
+        dev = self.dev_views
+        return (dev["input_ids"][:num_tokens], dev["positions"][:num_tokens], dev["slot_mapping"][:num_tokens],
+                dev["block_tables"][:num_seqs, :width], dev["context_lens"][:num_seqs], dev["cu_seqlens_q"][:num_seqs + 1],
+                dev["sample_rows"][:num_sampled])
 
     def next_buffer(self) -> None:
         """Take the other host buffer, once the device has copied what it last held."""
-        self.turn = (self.turn + 1) % len(self.hosts)
-        if self.copied[self.turn] is not None:
-            self.copied[self.turn].synchronize()
+        self.current = (self.current + 1) % len(self.hosts)
+        if self.copied[self.current] is not None:
+            self.copied[self.current].synchronize()
 
     def copy(self) -> None:
-        if self.dev is not self.hosts[self.turn]:
-            self.dev.copy_(self.hosts[self.turn], non_blocking=True)  # one transfer; pinned: asynchronous
-            self.copied[self.turn] = torch.cuda.Event()
-            self.copied[self.turn].record()
+        if self.dev is not self.hosts[self.current]:
+            self.dev.copy_(self.hosts[self.current], non_blocking=True)  # one transfer; pinned: asynchronous
+            self.copied[self.current] = torch.cuda.Event()
+            self.copied[self.current].record()
 
     def rows(self, meta: StepMetadata) -> dict:
         """The host rows `meta` was built from: what another rank needs to rebuild it (`load`; lesson 07)."""
         T, S, width = meta.input_ids.shape[0], meta.context_lens.shape[0], meta.block_tables.shape[1]
         counts = {"input_ids": T, "positions": T, "slot_mapping": T, "context_lens": S, "cu_seqlens_q": S + 1,
-                  "sample_rows": meta.sample_rows.shape[0], "feed_rows": meta.num_fed, "feed_from": meta.num_fed}
-        rows = {name: self.h[name][:n].copy() for name, n in counts.items()}
-        rows["block_tables"] = self.h["block_tables"][:S, :width].copy()
+                  "sample_rows": meta.sample_rows.shape[0], "carried_rows": meta.num_carried, "carried_from": meta.num_carried}
+        rows = {name: self.host[name][:n].copy() for name, n in counts.items()}
+        rows["block_tables"] = self.host["block_tables"][:S, :width].copy()
         return rows | {"scalars": (meta.is_decode, meta.max_context_len, meta.max_query_len)}
 
     def load(self, rows: dict) -> StepMetadata:
         """`rows`' inverse, on this rank's builder: write them, copy them to the device, view them."""
         self.next_buffer()
-        h, tables = self.h, rows["block_tables"]
+        host, tables = self.host, rows["block_tables"]
         for name in self.sizes:
             if name != "block_tables":
-                h[name][:len(rows[name])] = rows[name]
+                host[name][:len(rows[name])] = rows[name]
         S, width = tables.shape
-        h["block_tables"][:S, :width], h["block_tables"][:S, width:] = tables, -1
+        host["block_tables"][:S, :width], host["block_tables"][:S, width:] = tables, -1
         self.copy()
         return StepMetadata(*self._views(len(rows["input_ids"]), S, len(rows["sample_rows"]), width), *rows["scalars"],
-                            len(rows["feed_rows"]))
+                            len(rows["carried_rows"]))

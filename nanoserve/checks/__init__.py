@@ -5,7 +5,9 @@ notebook. Each compares against an independent oracle (Hugging Face transformers
 and raises AssertionError with a hint when the numbers differ.
 """
 import inspect
+import os
 import re
+import types
 
 STUB_MESSAGE = re.compile(r"Exercise (\d+\.\d+\w*)")
 # A stub as an error message quotes it: repr(error) (Triton's interpreter), or the stub's line of source
@@ -101,3 +103,42 @@ def namespace_of(cls) -> dict:
         if hasattr(function, "__globals__"):
             return function.__globals__
     raise TypeError(f"{cls.__name__} defines no method")
+
+
+def with_reference(cls, reference, *names: str, own_globals: bool = True) -> type:
+    """cls with the methods `names` taken from `reference` (the package's class): a check of one exercise
+    then runs no other exercise's code, and a mistake fails only the exercise that made it. They run with
+    cls's own globals (a notebook's Sequence, SequenceStatus, ...), as if written there, or with own_globals
+    False with the reference's (so the reference's helpers too). (Not for a method that calls super() without
+    arguments: its class is the reference's.)"""
+    world = namespace_of(cls) if own_globals else None
+    methods = {}
+    for name in names:
+        f = inspect.getattr_static(reference, name)
+        methods[name] = types.FunctionType(f.__code__, world or f.__globals__, f.__name__, f.__defaults__,
+                                           f.__closure__)
+        methods[name].__kwdefaults__, methods[name].__qualname__ = f.__kwdefaults__, f"{cls.__qualname__}.{name}"
+    return type(cls.__name__, (cls,), {"__module__": cls.__module__, "__qualname__": cls.__qualname__, **methods})
+
+
+def first_difference(got: list, want: list, what: str = "item", shown: int = 5) -> str:
+    """Where two lists part, said first: 'token 3 on, got [..], want [..] (lengths 12 and 12)'."""
+    got, want = list(got), list(want)
+    i = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
+    more = ", ..." if max(len(got), len(want)) > i + shown else ""
+    return (f"{what} {i} on, got {str(got[i:i + shown])[:-1]}{more}], want {str(want[i:i + shown])[:-1]}{more}] "
+            f"(lengths {len(got)} and {len(want)})").replace("[, ...]", "[...]")
+
+
+LESSON_TIME_LIMIT = 300  # seconds: `make check`'s time limit for one lesson unless CHECK_TIMEOUT says otherwise
+RAISE_LIMIT = "on a slow or busy machine, raise the time limits: make check CHECK_TIMEOUT=600"
+
+
+def time_limit(seconds: float) -> float:
+    """A check's own time limit: `seconds`, scaled up as much as CHECK_TIMEOUT (the environment variable that
+    `make check CHECK_TIMEOUT=600` sets) raises the lesson's limit above its default; never scaled down."""
+    try:
+        scale = float(os.environ.get("CHECK_TIMEOUT", LESSON_TIME_LIMIT)) / LESSON_TIME_LIMIT
+    except ValueError:
+        scale = 1.0
+    return seconds * max(1.0, scale)

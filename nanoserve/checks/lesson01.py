@@ -171,12 +171,19 @@ def check_model(model_cls, backend=None) -> None:
     for name, shape in TINY_CONFIGS.items():
         hf = hf_tiny_model(**shape, tie=name.startswith("qwen3"))
         ours = ours_from_hf(model_cls, hf)
-        input_ids = torch.randint(0, 512, (13,), generator=torch.Generator().manual_seed(6))
-        with torch.no_grad():
-            want = hf(input_ids[None]).logits[0]
-            got = ours.compute_logits(ours(input_ids, torch.arange(13), backend))
-        _close(f"logits ({name})", got, want, 1e-4,
-               "Embed, compute cos/sin once from the positions, run every layer, then the final norm.")
+        gen = torch.Generator().manual_seed(6)
+        input_ids = torch.randint(0, 512, (13,), generator=gen)
+        # Positions 0..12, then positions that neither start at 0 nor step by 1 (a chunk after a cached
+        # prefix, a decode step): an equal shift of every position leaves attention as it was, gaps do not.
+        later = 100 + torch.randint(1, 4, (13,), generator=gen).cumsum(0)
+        shifted = f" at positions {int(later[0])}, {int(later[1])}, ..."
+        for positions, what in [(torch.arange(13), ""), (later, shifted)]:
+            with torch.no_grad():
+                want = hf(input_ids[None], position_ids=positions[None]).logits[0]
+                got = ours.compute_logits(ours(input_ids, positions, backend))
+            _close(f"logits{what} ({name})", got, want, 1e-4,
+                   "Embed, compute cos/sin once from the positions given (not 0, 1, 2, ...), run every layer, "
+                   "then the final norm.")
     print("✓ logits match transformers within 1e-4 for", ", ".join(TINY_CONFIGS))
 
 

@@ -40,12 +40,24 @@ def check_decode_attention(decode_attention) -> None:
 
 
 def check_generate(generate) -> None:
-    from nanoserve.model.qwen3 import Qwen3ForCausalLM
+    from nanoserve.cache.metadata import StepMetadataBuilder
+    from nanoserve.checks import first_difference
+    from nanoserve.course.contiguous import ContiguousKVCache
     from nanoserve.course.naive import naive_generate
     from nanoserve.engine.sampling_params import SamplingParams
+    from nanoserve.model.qwen3 import Qwen3ForCausalLM
 
     prompts = [[5, 9, 2], [7], [11, 3, 8, 8, 1, 40, 2, 9], [4, 4], [100, 200, 300, 17, 9]]
     max_tokens = [12, 9, 4, 12, 1]
+    held = [2, 0, 5, 1, 3]  # leading prompt tokens a cache already holds (as lesson 04's prefix cache reports)
+
+    class HoldsPrefixes(ContiguousKVCache):
+        """A contiguous cache whose rows already hold the K/V of each prompt's first held[i] tokens."""
+
+        def reserve(self, seq_id, prompt_ids, reuse=True):
+            super().reserve(seq_id, prompt_ids, reuse)
+            return held[seq_id] if reuse else 0
+
     for name in ["qwen3 group=2 head_dim=128", "llama group=2 head_dim=64"]:
         # An untied LM head: a tied one makes tiny random models repeat their last token, and
         # repetitive output would hide a wrong position or a stale cache slot.
@@ -56,23 +68,42 @@ def check_generate(generate) -> None:
         completions, cache = generate(model, prompts, params)
         for i, w in enumerate(want):
             if alone[i] != w:
-                raise AssertionError(f"{name}: prompt {i} alone gives {alone[i]}, the naive forward {w}")
+                raise AssertionError(f"{name}: prompt {i} alone: {first_difference(alone[i], w, 'token')} (want: "
+                                     f"the naive forward's)")
             if completions[i].token_ids != w:
-                raise AssertionError(f"{name}: prompt {i} in a batch gives {completions[i].token_ids}, the naive "
-                                     f"forward {w}. Check positions and cache rows of each request.")
+                raise AssertionError(f"{name}: prompt {i} in a batch: "
+                                     f"{first_difference(completions[i].token_ids, w, 'token')} (want: the naive "
+                                     f"forward's). Check positions and cache rows of each request.")
         running = [sum(1 for m in max_tokens if m > step) for step in range(1, max(max_tokens))]
         expected = [sum(map(len, prompts))] + running
         if list(cache.tokens_per_forward) != expected:
-            raise AssertionError(f"tokens per forward {list(cache.tokens_per_forward)}, expected {expected}: the prompts "
+            counts = list(cache.tokens_per_forward)
+            raise AssertionError(f"tokens per forward: {first_difference(counts, expected, 'forward')}: the prompts "
                                  f"once, then one token per unfinished request")
         if [c.finish_reason for c in completions] != ["length"] * len(prompts):
             raise AssertionError(f"finish reasons {[c.finish_reason for c in completions]}, expected 'length'")
+        # The cache reports the first tokens of some prompts as cached, and holds their K/V (computed here by
+        # the model): the prefill computes only the rest of each prompt, and the tokens stay the same.
+        cache = HoldsPrefixes(model.config, len(prompts), 16)
+        meta = StepMetadataBuilder(sum(held), len(prompts), 1).build(
+            cache, [(i, 0, p[:n]) for i, (p, n) in enumerate(zip(prompts, held)) if n])
+        with torch.inference_mode():
+            model(meta.input_ids, meta.positions, cache, meta)
+        cache.tokens_per_forward.clear()
+        completions, cache = generate(model, prompts, params, cache=cache)
+        computed, uncached = (list(cache.tokens_per_forward) or [0])[0], sum(len(p) - n for p, n in zip(prompts, held))
+        if computed != uncached:
+            raise AssertionError(f"the prefill computed {computed} tokens, want {uncached}: cache.reserve reported "
+                                 f"the first {held} tokens of the prompts as cached; feed each from cached[i] on")
+        for i, w in enumerate(want):
+            if completions[i].token_ids != w:
+                raise AssertionError(f"{name}: prompt {i} with its first {held[i]} tokens cached: "
+                                     f"{first_difference(completions[i].token_ids, w, 'token')} (want: the naive "
+                                     f"forward's). Its new tokens start at position cached[i]")
     print("✓ greedy tokens with the cache equal the naive forward's (alone and batched); "
           "each forward carried the prompts once, then 1 token per running request")
 
 
-# Every exercise of the lesson: its name -> the check, run on the implementation found in a namespace `ns`
-# (the engine's modules in tests/, the learner's notebook cells in `make check`, tools/check_lessons.py).
 def check_unpack_bitmask(unpack_bitmask) -> None:
     """Against llguidance's own masking (which sets the logits of forbidden tokens to -inf), on random words
     and the edge cases the hint names: all ones, only the sign bit, a vocabulary that is not a multiple of 32,
@@ -193,6 +224,8 @@ def check_penalties(Penalties) -> None:
     print("✓ Penalties match the formula step after step (repeats, joins and moves, -inf, lost and pending draws)")
 
 
+# Every exercise of the lesson: its name -> the check, run on the implementation found in a namespace `ns`
+# (the engine's modules in tests/, the learner's notebook cells in `make check`, tools/check_lessons.py).
 EXERCISES = {
     "2.1 store_kv": lambda ns: check_store_kv(ns["store_kv"]),
     "2.2 decode_attention": lambda ns: check_decode_attention(ns["decode_attention"]),

@@ -17,10 +17,16 @@ def check_prefix_hashes(prefix_hashes) -> None:
         for i in range(n // size):
             parent = block_hash(parent, tokens[i * size:(i + 1) * size])
             want.append(parent)
-        got = prefix_hashes(tokens, size)
-        if list(got) != want:
-            raise AssertionError(f"prefix_hashes of {n} tokens, block_size {size}: {len(got)} hashes, want {len(want)} "
-                                 f"(one per FULL block, each chained on the previous hash)")
+        got = list(prefix_hashes(tokens, size))
+        if len(got) != len(want):
+            raise AssertionError(f"{len(got)} hashes for {n} tokens in blocks of {size}, want {len(want)}: one per "
+                                 f"FULL block (a trailing partial block gets none)")
+        for i, (h, w) in enumerate(zip(got, want)):
+            if h != w:
+                parent = "None" if i == 0 else f"hash {i - 1}"
+                raise AssertionError(f"hash {i} of {n} tokens in blocks of {size} is not block_hash({parent}, tokens "
+                                     f"{i * size}..{(i + 1) * size - 1}): chain each block's hash on the previous one "
+                                     f"(None for the first)")
     a, b = [1, 2, 3, 4, 5, 6, 7, 8], [9, 2, 3, 4, 5, 6, 7, 8]
     if prefix_hashes(a, 4)[1] == prefix_hashes(b, 4)[1]:
         raise AssertionError("block 1 has the same hash after a different block 0: chain each hash on its parent")
@@ -45,6 +51,10 @@ def pool_problems(bm) -> list[str]:
     for b in bm.free_blocks:
         if bm.records[b].hash is not None:
             problems.append(f"block {b} is free (not evictable) but still named")
+    for b in bm.evictable:
+        if bm.records[b].hash is None:
+            problems.append(f"block {b} is evictable but has no name (hash None): nothing can find it, so it is "
+                            f"simply free (free_blocks)")
     return problems
 
 
@@ -55,49 +65,101 @@ def admit(bm, seq, tokens) -> int:
     return cached
 
 
-def check_prefix_manager(manager_cls) -> None:
-    from nanoserve.cache.prefix import block_hash
+PROMPT = list(range(100, 110))  # 10 tokens: blocks of 4 -> [4 full][4 full][2]
 
-    prompt = list(range(100, 110))  # 10 tokens: blocks of 4 -> [4 full][4 full][2]
-    bm = manager_cls(num_blocks=10, block_size=4)
-    checks = [("a new prompt", "a", prompt, 0), ("an exact duplicate", "b", prompt, 8),
-              ("the first 8 tokens (its last token is recomputed)", "c", prompt[:8], 4),
+
+def _admit_four(bm, on_lookup: bool) -> None:
+    """Four prompts into a pool of 10 blocks of 4, as a server would admit them: a new one, an exact duplicate,
+    its first 8 tokens, a different one. on_lookup: say a wrong cached count (exercise 4.2's answer)."""
+    checks = [("a new prompt", "a", PROMPT, 0), ("an exact duplicate", "b", PROMPT, 8),
+              ("the first 8 tokens (its last token is recomputed)", "c", PROMPT[:8], 4),
               ("a different prompt", "d", [7] * 10, 0)]
     for what, seq, tokens, cached in checks:
         got = admit(bm, seq, tokens)
-        if got != cached:
+        if got != cached and on_lookup:
             raise AssertionError(f"allocate_prompt for {what} reported {got} cached tokens, want {cached}")
         if pool_problems(bm):
             raise AssertionError(f"after allocating {what}: {pool_problems(bm)}")
+
+
+def _random_workload(manager_cls) -> None:
+    """Heavy overlap, against the invariants; every block free at the end."""
+    rng = random.Random(1)
+    bm = manager_cls(num_blocks=30, block_size=3)
+    stems = [[rng.randrange(50) for _ in range(12)] for _ in range(3)]
+    live = random_workload(bm, 500, rng, admit=admit, problems=lambda bm, live: pool_problems(bm),
+                           draw_prompt=lambda rng: rng.choice(stems)[: rng.randint(1, 12)]
+                           + [rng.randrange(50) for _ in range(rng.randint(0, 5))])
+    for seq in list(live):
+        bm.free(seq)
+    if bm.num_free != 30:
+        raise AssertionError(f"{30 - bm.num_free} of 30 blocks leaked after all sequences finished")
+
+
+def check_prefix_lookup(manager_cls) -> None:
+    """Exercise 4.2, cached_prefix, through allocate_prompt: which blocks a prompt finds. Blocks are given back
+    by the package's _return_blocks (exercise 4.3's), so only the lookup is checked here."""
+    from nanoserve.cache.prefix import PrefixCachingBlockManager, block_hash
+    from nanoserve.checks import with_reference
+
+    manager_cls = with_reference(manager_cls, PrefixCachingBlockManager, "_return_blocks", own_globals=False)
+    bm = manager_cls(num_blocks=10, block_size=4)
+    _admit_four(bm, on_lookup=True)
     if bm.block_tables["a"][:2] != bm.block_tables["b"][:2] or bm.ref_count[bm.block_tables["a"][0]] != 3:
         raise AssertionError("a duplicate must share the first blocks, and each shared block counts its holders")
     early = manager_cls(num_blocks=10, block_size=4)
-    early.allocate_prompt("u", prompt)  # allocated, never committed: its step never finished
-    if early.allocate_prompt("v", prompt) != 0:
+    early.allocate_prompt("u", PROMPT)  # allocated, never committed: its step never finished
+    if early.allocate_prompt("v", PROMPT) != 0:
         raise AssertionError("a block was found before a finished step committed its K/V")
+    for seq in "abcd":
+        bm.free(seq)
+    if admit(bm, "e", PROMPT) != 8:
+        raise AssertionError("a finished sequence's blocks (evictable now) must still be found")
+    bm.free("e")
+    # A forged cache entry (a hash collision) must not be trusted: the tokens are compared.
+    other = list(range(500, 510))
+    bm.cached[block_hash(None, other[:4])] = bm.cached[block_hash(None, PROMPT[:4])]
+    if admit(bm, "f", other) != 0:
+        raise AssertionError("a block was shared on a hash match whose tokens differ (compare the record's tokens)")
+    bm.free("f")
+    # The same tokens after a different prefix are different K/V: a forged match on them must fail too.
+    mixed = list(range(200, 204)) + PROMPT[:4] + [1, 2]
+    admit(bm, "g", mixed[:5])  # caches mixed's first block
+    bm.free("g")
+    bm.cached[block_hash(block_hash(None, mixed[:4]), mixed[4:8])] = bm.cached[block_hash(None, PROMPT[:4])]
+    if admit(bm, "h", mixed) != 4:
+        raise AssertionError("a block was shared on a hash match whose parent differs (compare the parent hash too)")
+    bm.free("h")
+    # The chain is walked from its first block: a prompt finds the cached blocks of its longest cached prefix.
+    bm = manager_cls(num_blocks=5, block_size=2)
+    admit(bm, "x", [1, 2, 3, 4, 5, 6, 7])  # a chain of three full blocks, and a partial one
+    bm.free("x")
+    admit(bm, "z", list(range(20, 26)))  # 3 blocks: the 2 free ones, then one eviction (the chain's last)
+    bm.free("z")
+    if admit(bm, "w", [1, 2, 3, 4, 9]) != 4:
+        raise AssertionError("a prompt whose first two blocks are cached (the third was evicted) must find them")
+    _random_workload(manager_cls)
+
+
+def check_prefix_free(manager_cls) -> None:
+    """Exercise 4.3, _return_blocks, through free: reference counts, named blocks kept findable (evictable, LRU,
+    deepest first), unnamed ones simply free. Prompts find their blocks by the package's cached_prefix
+    (exercise 4.2's), so only the giving back is checked here."""
+    from nanoserve.cache.prefix import PrefixCachingBlockManager, block_hash
+    from nanoserve.checks import with_reference
+
+    manager_cls = with_reference(manager_cls, PrefixCachingBlockManager, "cached_prefix", own_globals=False)
+    bm = manager_cls(num_blocks=10, block_size=4)
+    _admit_four(bm, on_lookup=False)
     for seq in "abcd":
         bm.free(seq)
         if pool_problems(bm):
             raise AssertionError(f"after freeing {seq!r}: {pool_problems(bm)}")
     if bm.num_free != 10:
         raise AssertionError(f"{bm.num_free} of 10 blocks free after every sequence finished")
-    if admit(bm, "e", prompt) != 8:
-        raise AssertionError("a finished sequence's blocks stay cached until their space is needed")
+    if admit(bm, "e", PROMPT) != 8:
+        raise AssertionError("a finished sequence's named blocks stay cached (evictable) until their space is needed")
     bm.free("e")
-    # A forged cache entry (a hash collision) must not be trusted: the tokens are compared.
-    other = list(range(500, 510))
-    bm.cached[block_hash(None, other[:4])] = bm.cached[block_hash(None, prompt[:4])]
-    if admit(bm, "f", other) != 0:
-        raise AssertionError("a block was shared on a hash match whose tokens differ (compare the record's tokens)")
-    bm.free("f")
-    # The same tokens after a different prefix are different K/V: a forged match on them must fail too.
-    mixed = list(range(200, 204)) + prompt[:4] + [1, 2]
-    admit(bm, "g", mixed[:5])  # caches mixed's first block
-    bm.free("g")
-    bm.cached[block_hash(block_hash(None, mixed[:4]), mixed[4:8])] = bm.cached[block_hash(None, prompt[:4])]
-    if admit(bm, "h", mixed) != 4:
-        raise AssertionError("a block was shared on a hash match whose parent differs (compare the parent hash too)")
-    bm.free("h")
     # LRU: when no never-used block is left, the least recently freed cached block goes first.
     bm = manager_cls(num_blocks=5, block_size=2)
     for seq, tokens in [("x", [1, 2, 3]), ("y", [4, 5, 6])]:  # each: one full (cached) block + one partial
@@ -118,20 +180,23 @@ def check_prefix_manager(manager_cls) -> None:
     if block_hash(second, [5, 6]) in bm.cached or first not in bm.cached or second not in bm.cached:
         raise AssertionError("a finished sequence's blocks must be evicted deepest first (return them in reverse "
                              "order): its first blocks, the ones other prompts share, stay cached longest")
-    bm.free("z")
-    if admit(bm, "w", [1, 2, 3, 4, 9]) != 4:
-        raise AssertionError("after one eviction, the first two blocks of the chain must still be found")
-    # A random workload with heavy overlap, against the invariants.
-    rng = random.Random(1)
-    bm = manager_cls(num_blocks=30, block_size=3)
-    stems = [[rng.randrange(50) for _ in range(12)] for _ in range(3)]
-    live = random_workload(bm, 500, rng, admit=admit, problems=lambda bm, live: pool_problems(bm),
-                           draw_prompt=lambda rng: rng.choice(stems)[: rng.randint(1, 12)]
-                           + [rng.randrange(50) for _ in range(rng.randint(0, 5))])
-    for seq in list(live):
-        bm.free(seq)
-    if bm.num_free != 30:
-        raise AssertionError("blocks leaked after all sequences finished")
+    # A block without a name is free at once: it is reused before any cached block is evicted.
+    bm = manager_cls(num_blocks=3, block_size=2)
+    admit(bm, "x", [1, 2, 3])  # a named block and a partial one
+    admit(bm, "y", [9])  # a partial one: the pool is full
+    bm.free("x")
+    bm.free("y")
+    admit(bm, "z", [7, 8, 9, 10])  # 2 blocks: the two partial ones, free; x's named block stays cached
+    if block_hash(None, [1, 2]) not in bm.cached:
+        raise AssertionError("a cached block was evicted while blocks without a name were unused: give an unnamed "
+                             "block back to free_blocks, not to evictable")
+    _random_workload(manager_cls)
+
+
+def check_prefix_manager(manager_cls) -> None:
+    """The lesson's check of its manager: exercise 4.2's lookup, then exercise 4.3's giving back."""
+    check_prefix_lookup(manager_cls)
+    check_prefix_free(manager_cls)
     print("✓ prefix-caching manager: sharing after commit, reference counts, collision guard, LRU eviction, "
           "500 random operations")
 
@@ -202,6 +267,6 @@ def check_prefix_generate(cache_cls) -> None:
 # (the engine's modules in tests/, the learner's notebook cells in `make check`, tools/check_lessons.py).
 EXERCISES = {
     "4.1 prefix_hashes": lambda ns: check_prefix_hashes(ns["prefix_hashes"]),
-    "4.2 lookup on allocate": lambda ns: check_prefix_manager(ns["PrefixCachingBlockManager"]),
-    "4.3 reference-counted free": lambda ns: check_prefix_manager(ns["PrefixCachingBlockManager"]),
+    "4.2 lookup on allocate": lambda ns: check_prefix_lookup(ns["PrefixCachingBlockManager"]),
+    "4.3 reference-counted free": lambda ns: check_prefix_free(ns["PrefixCachingBlockManager"]),
 }

@@ -26,13 +26,17 @@ def _run(scheduler, batch):
             seq.num_placeholders -= 1
 
 
-def check_scheduler(scheduler_cls) -> None:
+def check_admission(scheduler_cls) -> None:
+    """Exercise 5.1, the admission of waiting sequences (in _fill). A preemption the check makes uses the
+    package's preempt (exercise 5.2's), so only the admission is checked here."""
     from nanoserve.cache.paged import PagedKVCache
     from nanoserve.cache.prefix import PrefixCachingKVCache
-    from nanoserve.checks import namespace_of
+    from nanoserve.checks import first_difference, namespace_of, with_reference
+    from nanoserve.engine.scheduler import Scheduler
 
     world = namespace_of(scheduler_cls)  # the scheduler's own Sequence and SequenceStatus (a notebook's, in a lesson)
     SequenceStatus = world["SequenceStatus"]  # noqa: N806
+    scheduler_cls = with_reference(scheduler_cls, Scheduler, "preempt")
     config = _tiny_config()
     # Chunked prefill: a 20-token prompt with a budget of 8 comes in chunks of 8, 8, 4, while an earlier
     # request keeps decoding beside it.
@@ -48,8 +52,9 @@ def check_scheduler(scheduler_cls) -> None:
         _run(s, batch)
     want = [[(0, 3)], [(0, 1), (1, 7)], [(0, 1), (1, 7)], [(0, 1), (1, 6)]]
     if steps != want:
-        raise AssertionError(f"(sequence, tokens) per step: got {steps}, want {want}. Running sequences come first; "
-                             f"a waiting prompt gets what is left of the budget; the rest of it comes in later steps.")
+        raise AssertionError(f"(sequence, tokens) per step: {first_difference(steps, want, 'step')}, with a budget "
+                             f"of 8. Running sequences come first; a waiting prompt gets what is left of the budget; "
+                             f"the rest of it comes in later steps.")
     # Several waiting prompts share one budget: each admitted prompt takes its tokens out of it.
     s = scheduler_cls(PagedKVCache(config, num_blocks=64, block_size=4), max_num_seqs=4, max_num_batched_tokens=8)
     for i in range(3):
@@ -57,15 +62,16 @@ def check_scheduler(scheduler_cls) -> None:
     batch = s.schedule()
     got = [(q.seq_id, n) for q, n in zip(batch.seqs, batch.num_new)]
     if got != [(0, 5), (1, 3)] or [q.seq_id for q in s.waiting] != [2]:
-        raise AssertionError(f"three waiting 5-token prompts with a budget of 8: scheduled {got}, want [(0, 5), "
-                             f"(1, 3)] with sequence 2 still waiting: each admission spends its tokens")
+        raise AssertionError(f"scheduled {got} with {[q.seq_id for q in s.waiting]} waiting, want [(0, 5), (1, 3)] "
+                             f"with [2] waiting: three waiting 5-token prompts, a budget of 8; each admission "
+                             f"spends its tokens")
     # max_num_seqs: a third sequence waits while two run.
     s = scheduler_cls(PagedKVCache(config, num_blocks=64, block_size=4), max_num_seqs=2, max_num_batched_tokens=64)
     for i in range(3):
         s.add(_seq(i, 5, world=world))
     batch = s.schedule()
     if [q.seq_id for q in batch.seqs] != [0, 1] or [q.seq_id for q in s.waiting] != [2]:
-        raise AssertionError(f"with max_num_seqs=2, sequences {[q.seq_id for q in batch.seqs]} ran; want [0, 1]")
+        raise AssertionError(f"sequences {[q.seq_id for q in batch.seqs]} ran, want [0, 1], with max_num_seqs=2")
     # Without chunked prefill a prompt goes in whole or waits: prompts of 3 and 5 fill a budget of 8 exactly; of
     # 3, 6 and 2, the 6 waits, and the 2 behind it does not overtake it.
     for lengths, want in (((3, 5), [(0, 3), (1, 5)]), ((3, 6, 2), [(0, 3)])):
@@ -76,9 +82,9 @@ def check_scheduler(scheduler_cls) -> None:
         batch = s.schedule()
         got = [(q.seq_id, n) for q, n in zip(batch.seqs, batch.num_new)]
         if got != want:
-            raise AssertionError(f"chunked prefill off, budget 8, waiting prompts of {lengths} tokens: scheduled {got}, "
-                                 f"want {want}: a prompt that fits what is left of the budget goes in whole, one "
-                                 f"that does not waits, and nobody behind it overtakes it")
+            raise AssertionError(f"scheduled {got}, want {want}: chunked prefill off, budget 8, waiting prompts of "
+                                 f"{lengths} tokens. A prompt that fits what is left of the budget goes in whole, "
+                                 f"one that does not waits, and nobody behind it overtakes it")
     # Prefix caching: a prompt whose first blocks are cached computes only the rest, and keeps the count it found
     # when first admitted (num_cached_tokens), also when, preempted, it is recomputed from its own cached blocks.
     s = scheduler_cls(PrefixCachingKVCache(config, num_blocks=16, block_size=4), max_num_seqs=4,
@@ -91,19 +97,35 @@ def check_scheduler(scheduler_cls) -> None:
     s.add(b)
     batch = s.schedule()
     got = [(q.seq_id, n) for q, n in zip(batch.seqs, batch.num_new)]
-    if got != [(0, 1), (1, 2)] or (a.num_cached_tokens, b.num_cached_tokens) != (0, 8):
-        raise AssertionError(f"a 10-token prompt whose first 8 tokens are cached: scheduled {got} (want [(0, 1), "
-                             f"(1, 2)]), num_cached_tokens {b.num_cached_tokens} (want 8; {a.num_cached_tokens} for "
-                             f"the first prompt, want 0): a sequence computes what reserve did not find cached, and "
-                             f"records that count when first admitted")
+    if got != [(0, 1), (1, 2)]:
+        raise AssertionError(f"scheduled {got}, want [(0, 1), (1, 2)], for a 10-token prompt whose first 8 tokens "
+                             f"are cached: a sequence computes what reserve did not find cached")
+    if (a.num_cached_tokens, b.num_cached_tokens) != (0, 8):
+        raise AssertionError(f"num_cached_tokens {b.num_cached_tokens}, want 8 ({a.num_cached_tokens} for the first "
+                             f"prompt, want 0), for a 10-token prompt whose first 8 tokens are cached: a sequence "
+                             f"records the count reserve found when it is first admitted")
     _run(s, batch)
     s.preempt(a)
     s.schedule()
     if a.status is not SequenceStatus.RUNNING or a.num_cached_tokens != 0:
-        raise AssertionError(f"a preempted sequence recomputed from its own cached blocks: num_cached_tokens "
-                             f"{a.num_cached_tokens}, want 0, the count of its first admission (vLLM reports that one)")
-    # Preemption: two sequences fill the pool; when they need new blocks, the newer one is preempted.
-    s = scheduler_cls(PagedKVCache(config, num_blocks=4, block_size=4), max_num_seqs=4, max_num_batched_tokens=64)
+        raise AssertionError(f"num_cached_tokens {a.num_cached_tokens}, want 0, after a preempted sequence was "
+                             f"recomputed from its own cached blocks: the count of its first admission (vLLM reports "
+                             f"that one)")
+
+
+def check_preemption(scheduler_cls) -> None:
+    """Exercise 5.2, preempt, as the scheduler calls it when blocks run out. Sequences are admitted by the
+    package's _fill (exercise 5.1's admission), so only the preemption is checked here."""
+    from nanoserve.cache.paged import PagedKVCache
+    from nanoserve.checks import namespace_of, with_reference
+    from nanoserve.engine.scheduler import Scheduler
+
+    world = namespace_of(scheduler_cls)
+    SequenceStatus = world["SequenceStatus"]  # noqa: N806
+    scheduler_cls = with_reference(scheduler_cls, Scheduler, "_fill")
+    # Two sequences fill the pool; when they need new blocks, the newer one is preempted.
+    s = scheduler_cls(PagedKVCache(_tiny_config(), num_blocks=4, block_size=4), max_num_seqs=4,
+                      max_num_batched_tokens=64)
     a, b = _seq(0, 8, world=world), _seq(1, 8, world=world)
     s.add(a)
     s.add(b)
@@ -117,11 +139,22 @@ def check_scheduler(scheduler_cls) -> None:
     if b in s.running or b.num_preemptions != 1:
         raise AssertionError(f"a preempted sequence leaves the running list and counts the preemption "
                              f"(num_preemptions {b.num_preemptions}, want 1)")
-    if b.status is not SequenceStatus.PREEMPTED or b.num_computed != 0 or list(s.waiting) != [b, c]:
-        raise AssertionError("a preempted sequence is PREEMPTED, has num_computed 0, and waits at the front "
-                             "of the queue, before the sequences that were already waiting")
+    if b.status is not SequenceStatus.PREEMPTED:
+        raise AssertionError(f"a preempted sequence is {b.status.name}, want PREEMPTED")
+    if b.num_computed != 0:
+        raise AssertionError(f"num_computed {b.num_computed} after a preemption, want 0: the sequence is recomputed "
+                             f"from the start")
+    if list(s.waiting) != [b, c]:
+        raise AssertionError(f"sequences {[q.seq_id for q in s.waiting]} wait, want [1, 2]: a preempted sequence "
+                             f"waits at the front of the queue, before the sequences that were already waiting")
     if 1 in s.cache.block_manager.block_tables:
         raise AssertionError("a preempted sequence's blocks go back to the pool")
+
+
+def check_scheduler(scheduler_cls) -> None:
+    """The lesson's check of its scheduler: exercise 5.1's admission, then exercise 5.2's preemption."""
+    check_admission(scheduler_cls)
+    check_preemption(scheduler_cls)
     print("✓ scheduler: running first, chunked prefill within the token budget, max_num_seqs, newest preempted")
 
 
@@ -264,10 +297,10 @@ def _step_run(engine_cls, model, overlap: bool, fault=None, max_steps: int = 100
     def number(step):
         return next((i for i, s in enumerate(launched) if s is step), None)
 
-    def launch(original, batch, feed=None):
-        step = original(batch, feed)
+    def launch(original, batch, previous=None):
+        step = original(batch, previous)
         launched.append(step)
-        calls.append(("launch", len(launched) - 1, None if feed is None else number(feed)))
+        calls.append(("launch", len(launched) - 1, None if previous is None else number(previous)))
         return step
 
     def collect(original, step):
@@ -306,7 +339,7 @@ def _step_run(engine_cls, model, overlap: bool, fault=None, max_steps: int = 100
 
 def _say_calls(calls) -> str:
     said = [f"collect(step {c[1]})" if c[0] == "collect" else
-            f"launch(step {c[1]}" + ("" if c[2] is None else f", feed=step {c[2]}") + ")" for c in calls]
+            f"launch(step {c[1]}" + ("" if c[2] is None else f", previous=step {c[2]}") + ")" for c in calls]
     return ", ".join(said) or "nothing"
 
 
@@ -317,13 +350,13 @@ def _wrong_calls(mine: list, ref: list) -> str:
     ahead = [c for c in ref_launches if c[2] is not None]
     if ahead and not any(c[2] is not None for c in my_launches):
         if [c[:2] for c in my_launches] == [c[:2] for c in ref_launches]:
-            return ("the step ahead is launched without feed=current, so its placeholders (the tokens the current "
+            return ("the step ahead is launched without previous=current, so its placeholders (the tokens the current "
                     "step samples) are never filled in")
         return "the next step is not launched ahead, before the current one is collected"
     if not ahead and any(c[2] is not None for c in my_launches):
         return "with async_scheduling off, each step is launched and collected alone, never one ahead"
     if [c[:2] for c in my_launches] == [c[:2] for c in ref_launches] and my_launches != ref_launches:
-        return "feed the step ahead the current step (the one whose tokens are its placeholders)"
+        return "launch the step ahead with previous=current (the step whose tokens are its placeholders)"
     if my_collects != ref_collects and my_launches == ref_launches:
         return "collect the current step (launched before), not the step launched ahead"
     return "the runner is not called as the reference calls it"
@@ -419,8 +452,8 @@ def check_step(engine_cls) -> None:
 # Every exercise of the lesson: its name -> the check, run on the implementation found in a namespace `ns`
 # (the engine's modules in tests/, the learner's notebook cells in `make check`, tools/check_lessons.py).
 EXERCISES = {
-    "5.1 admission": lambda ns: check_scheduler(ns["Scheduler"]),
-    "5.2 preemption": lambda ns: check_scheduler(ns["Scheduler"]),
+    "5.1 admission": lambda ns: check_admission(ns["Scheduler"]),
+    "5.2 preemption": lambda ns: check_preemption(ns["Scheduler"]),
     "5.3 prepare_inputs": lambda ns: check_prepare_inputs(ns["prepare_inputs"]),
     "5.4 step": lambda ns: check_step(ns["LLMEngine"]),
 }

@@ -61,10 +61,10 @@ def check_graph_sizes(graph_sizes, padded_size) -> None:
     want = [1, 2, 4, 8] + list(range(16, 100, 16)) + [100]
     if got != want:
         raise AssertionError(f"graph_sizes(100) = {got}, want {want}: 1, 2, 4, 8, multiples of 16, the maximum")
-    for most in (1, 2, 3, 8, 16, 17, 20, 48, 100, 256, 300):
-        sizes = graph_sizes(most)
-        if sizes != sorted(set(sizes)) or sizes[-1] != most:
-            raise AssertionError(f"graph_sizes({most}) = {sizes}: increasing, no repeats, ending at {most}")
+    for largest in (1, 2, 3, 8, 16, 17, 20, 48, 100, 256, 300):
+        sizes = graph_sizes(largest)
+        if sizes != sorted(set(sizes)) or sizes[-1] != largest:
+            raise AssertionError(f"graph_sizes({largest}) = {sizes}: increasing, no repeats, ending at {largest}")
     for sizes in ([1, 2, 4, 8, 16, 32, 48], [3, 7], [5]):
         for n in range(1, sizes[-1] + 3):
             want = min((s for s in sizes if s >= n), default=None)
@@ -94,9 +94,16 @@ class CPUGraph:
 
 
 def cpu_capture(forward, pool):
+    """CUDAGraphs.capture on a CPU. Notes each capture: (rows, pool, graph, the model's forward runs since the
+    previous capture, or since recording began: a warm-up is one)."""
+    warm_ups, cpu_capture.forwards[0] = cpu_capture.forwards[0], 0
     graph = CPUGraph(forward, pool)
-    cpu_capture.calls.append((graph.output.shape[0], pool, graph))
+    cpu_capture.forwards[0] = 0  # the capture's own run is not a warm-up for the next
+    cpu_capture.calls.append((graph.output.shape[0], pool, graph, warm_ups))
     return graph, graph.output
+
+
+cpu_capture.forwards = [0]
 
 
 def separate_device_buffer(builder) -> None:
@@ -104,10 +111,10 @@ def separate_device_buffer(builder) -> None:
     only builder.copy() refreshes from the host buffer. On a CPU they are the host buffer itself, so a
     forgotten copy would go unseen; on a GPU a graph recorded before the copy reads whatever the device held."""
     builder.dev = builder.hosts[0].clone()
-    builder.d = builder._split(builder.dev, builder.d["block_tables"].shape[1])
+    builder.dev_views = builder._split(builder.dev, builder.dev_views["block_tables"].shape[1])
 
     def copy():
-        builder.dev.copy_(builder.hosts[builder.turn])
+        builder.dev.copy_(builder.hosts[builder.current])
 
     builder.copy = copy
 
@@ -123,6 +130,7 @@ def check_graphs(graphs_cls) -> None:
     import random
 
     from nanoserve.cache.paged import PagedKVCache
+    from nanoserve.checks import first_difference
     from nanoserve.engine.llm_engine import LLMEngine
     from nanoserve.engine.model_runner import ModelRunner
     from nanoserve.engine.sampling_params import SamplingParams
@@ -143,27 +151,41 @@ def check_graphs(graphs_cls) -> None:
                              graphs=graphs)
         separate_device_buffer(runner.builder)  # as on a GPU: what the graphs read is there only once copied
         before = cache.k_cache.clone()
-        graphs.record(runner)
+        # Every forward of the model embeds its tokens first: count them, whatever path a forward takes.
+        counting = model.model.embed_tokens.register_forward_pre_hook(
+            lambda module, args: cpu_capture.forwards.__setitem__(0, cpu_capture.forwards[0] + 1))
+        cpu_capture.forwards[0] = 0
+        try:
+            graphs.record(runner)
+        finally:
+            counting.remove()
         if sorted(graphs.graphs) != graphs.sizes:
             raise AssertionError(f"recorded sizes {sorted(graphs.graphs)}, want one graph per size {graphs.sizes}")
         if not torch.equal(cache.k_cache, before):
             raise AssertionError("recording wrote K/V into the pool: record with every row padding (slot -1), "
                                  "and copy the builder's buffer to the device before recording")
-        rows = [n for n, _, _ in cpu_capture.calls]
+        rows = [n for n, _, _, _ in cpu_capture.calls]
         if rows != sorted(rows, reverse=True):
             raise AssertionError(f"graphs recorded for {rows} rows, in this order: record the largest first, so "
                                  f"that the smaller ones fit in its memory pool")
         first = cpu_capture.calls[0][2]
-        if cpu_capture.calls[0][1] is not None or any(p != first.pool() for _, p, _ in cpu_capture.calls[1:]):
-            raise AssertionError(f"memory pools passed to capture: {[p for _, p, _ in cpu_capture.calls]}; the first "
-                                 f"(largest) graph gets None, every later one the first graph's pool()")
+        if cpu_capture.calls[0][1] is not None or any(p != first.pool() for _, p, _, _ in cpu_capture.calls[1:]):
+            raise AssertionError(f"memory pools passed to capture: {[p for _, p, _, _ in cpu_capture.calls]}; the "
+                                 f"first (largest) graph gets None, every later one the first graph's pool()")
+        cold = [n for n, _, _, runs in cpu_capture.calls if not runs]
+        if cold:
+            raise AssertionError(f"the graphs of {cold} rows were captured with no forward run before them: run "
+                                 f"forward once outside the graph (a warm-up) before each capture. On a GPU that run "
+                                 f"compiles kernels and settles the allocator, which a capture cannot do")
         got = _engine_outputs(LLMEngine(model, cache, **args, runner=runner, async_scheduling=async_scheduling),
                               requests)
         replays = {size: graph.replays for size, (graph, _) in graphs.graphs.items()}
         if got != want:
-            raise AssertionError(f"through the graphs (async scheduling {async_scheduling}): {got}; eager: {want}. "
-                                 f"Record over builder.static(size, ...) (the buffers every step refills), and pad "
-                                 f"every row before recording")
+            i = next(i for i, (g, w) in enumerate(zip(got, want)) if g != w)
+            raise AssertionError(f"request {i} through the graphs (async scheduling {async_scheduling}): "
+                                 f"{first_difference(got[i], want[i], 'token')} (want: eager). Record over "
+                                 f"builder.static(size, ...) (the buffers every step refills), and pad every row "
+                                 f"before recording")
         if not (replays[4] and replays[8]):
             raise AssertionError(f"replays per graph size {replays}: the padded graphs did not run")
     print(f"✓ record: one graph per size, recorded over the builder's buffers without writing K/V; 7 requests "

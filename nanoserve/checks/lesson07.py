@@ -15,7 +15,9 @@ import traceback
 import torch
 import torch.distributed as dist
 
-TIMEOUT = 60  # seconds for every rank to finish; a rank stuck in a collective is killed after it
+from nanoserve.checks import RAISE_LIMIT, time_limit
+
+TIMEOUT = 60  # seconds for every rank to finish (more with CHECK_TIMEOUT); a rank stuck in a collective is killed
 
 
 def _rank_main(rank: int, size: int, init_file: str, conn, fn, args) -> None:
@@ -55,12 +57,14 @@ def run_on_ranks(fn, *args, size: int = 2) -> list:
             theirs.close()  # the rank's end lives in the rank only: its exit closes the pipe
             procs.append(proc)
             pending[ours] = rank
-        results, failure, deadline = {}, None, time.monotonic() + TIMEOUT
+        limit = time_limit(TIMEOUT)
+        results, failure, deadline = {}, None, time.monotonic() + limit
         while pending and failure is None:
             ready = multiprocessing.connection.wait(list(pending), timeout=max(0.0, deadline - time.monotonic()))
             if not ready:
-                failure = (TimeoutError(f"ranks {sorted(pending.values())} did not finish in {TIMEOUT} s (waiting "
-                                        f"in a collective that another rank never joined?)"), "")
+                failure = (TimeoutError(f"ranks {sorted(pending.values())} did not finish in {limit:.0f} s, the "
+                                        f"check's time limit: waiting in a collective that another rank never "
+                                        f"joined? ({RAISE_LIMIT})"), "")
             for conn in ready:
                 rank = pending.pop(conn)
                 try:
@@ -143,18 +147,24 @@ def _embedding_on_rank(rank, size, group_cls, embedding_cls, vocab):
         layer.weight.fill_(1e3)
         mine = table[rank * rows:(rank + 1) * rows]
         layer.weight[:len(mine)] = mine
-        return layer(ids), group.all_reduces, table[ids]
+        return layer(ids), group.all_reduces, table[ids], ids, rows
 
 
 def check_vocab_embedding(group_cls, embedding_cls) -> None:
     for vocab in (12, 11):  # 11: the second rank's last row is padding
-        for rank, (got, reduces, want) in enumerate(run_on_ranks(_embedding_on_rank, group_cls, embedding_cls, vocab)):
+        results = run_on_ranks(_embedding_on_rank, group_cls, embedding_cls, vocab)
+        for rank, (got, reduces, want, ids, rows) in enumerate(results):
             if reduces != 1:
-                raise AssertionError(f"vocab {vocab}, rank {rank}: {reduces} all-reduces; the embedding needs one")
-            if got.shape != want.shape or not torch.allclose(got, want):
-                raise AssertionError(f"vocab {vocab}, rank {rank}: the embeddings differ from the full table's "
-                                     f"(shape {tuple(got.shape)}, want {tuple(want.shape)}). Does each rank zero the "
-                                     f"tokens it does not hold before the all-reduce?")
+                raise AssertionError(f"{reduces} all-reduces, want one (vocab {vocab}, rank {rank})")
+            if got.shape != want.shape:
+                raise AssertionError(f"embeddings of shape {tuple(got.shape)}, want {tuple(want.shape)}: a row per "
+                                     f"token (vocab {vocab}, rank {rank})")
+            wrong = ~torch.isclose(got, want).all(-1)
+            if wrong.any():
+                raise AssertionError(f"tokens {sorted(set(ids[wrong].tolist()))} get wrong rows on rank {rank} "
+                                     f"(vocab {vocab}: rank 0 holds tokens 0..{rows - 1}, rank 1 {rows}..{vocab - 1}). "
+                                     f"Each rank looks up the tokens it holds, zeros the others, then one all-reduce "
+                                     f"sums the ranks")
     print("✓ VocabParallelEmbedding: each rank looks up its own tokens, zeros the others; one all-reduce gives "
           "every token's row on both ranks (vocabularies of 12 and 11)")
 

@@ -6,6 +6,7 @@ import json
 import logging
 import threading
 
+from nanoserve.checks import RAISE_LIMIT, time_limit
 from nanoserve.serve.metrics import ServerMetrics
 
 MODEL = "tiny-qwen3"
@@ -18,7 +19,7 @@ def _run(main, seconds: float = 90):
     """asyncio.run(main()) in a thread of its own: Jupyter's kernel already runs an event loop in this one.
     A step loop that never awaits (it spins) blocks that event loop, and no timeout inside it can fire:
     after `seconds` the engines are told to stop from here, and the check fails."""
-    result = {}
+    result, seconds = {}, time_limit(seconds)
 
     def target():
         try:
@@ -34,9 +35,10 @@ def _run(main, seconds: float = 90):
         for engine in ENGINES:
             engine.stopping = True  # a spinning `while not self.stopping` loop ends
         thread.join(10)
-        raise AssertionError(f"the check's event loop was still busy after {seconds:.0f} s: does the step loop "
-                             f"await something on every turn? (Event.wait() on an event that is already set "
-                             f"returns without ever giving the event loop a turn)")
+        raise AssertionError(f"the check's event loop was still busy after {seconds:.0f} s, the check's time "
+                             f"limit: does the step loop await something on every turn? (Event.wait() on an event "
+                             f"that is already set returns without ever giving the event loop a turn; "
+                             f"{RAISE_LIMIT})")
     if "error" in result:
         raise result["error"]
     return result["value"]
@@ -75,7 +77,7 @@ async def _collect(stream, n: int, stop_after: int | None = None) -> list[list]:
 async def _bounded(awaitable, what: str, engine, seconds: float = 30):
     """Wait at most `seconds` for `awaitable`: a step loop that never delivers must fail the check, not hang it.
     If the engine's step loop ends first, say why it ended (a learner's exception, or a stub's)."""
-    task = asyncio.ensure_future(awaitable)
+    task, seconds = asyncio.ensure_future(awaitable), time_limit(seconds)
     await asyncio.wait({task, engine.loop_task}, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
     if not task.done() and engine.loop_task.done():
         await asyncio.wait({task}, timeout=1)  # what the loop handed out as it ended comes a moment later
@@ -86,12 +88,28 @@ async def _bounded(awaitable, what: str, engine, seconds: float = 30):
         error = _loop_error(engine)
         raise error or AssertionError(f"the step loop returned while {what} was still awaited: it runs until "
                                       f"self.stopping, and fails what it holds when it ends")
-    raise AssertionError(f"{what} did not come within {seconds:.0f} s: does the step loop admit new requests "
-                         f"(self._admit) and hand out each step's outputs (self.router)?")
+    raise AssertionError(f"{what} did not come within {seconds:.0f} s, the check's time limit: does the step loop "
+                         f"admit new requests (self._admit) and hand out each step's outputs (self.router)? "
+                         f"({RAISE_LIMIT})")
+
+
+async def _drained(llm, seconds: float = 5) -> bool:
+    """Whether the engine has nothing left to run within `seconds` (an abort takes effect before the next step)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + time_limit(seconds)
+    while llm.engine.has_unfinished() and loop.time() < deadline:
+        await asyncio.sleep(0.01)
+    return not llm.engine.has_unfinished()
 
 
 def check_step_loop(engine_cls) -> None:
+    """Exercise 8.1, the step loop (AsyncEngine.run), against LLM.generate. A request it takes out of the engine
+    goes through the package's _forget (exercise 8.2's), so only the loop is checked here."""
     from nanoserve import SamplingParams
+    from nanoserve.checks import with_reference
+    from nanoserve.serve.async_engine import AsyncEngine
+
+    engine_cls = with_reference(engine_cls, AsyncEngine, "_forget")
 
     requests = [([11, 12, 13, 14], SamplingParams(temperature=0, max_tokens=6, ignore_eos=True), True),
                 ([5] * 9, SamplingParams(temperature=0.9, seed=3, n=2, max_tokens=9, ignore_eos=True), True),
@@ -124,6 +142,11 @@ def check_step_loop(engine_cls) -> None:
                 got = await _bounded(asyncio.gather(*(_collect(st, s.n) for st, (_, s, _) in zip(streams, requests))),
                                      "every request's tokens", engine)
                 left, mapped = len(engine.requests), len(engine.router.owners)
+                # a client that leaves: its request is aborted before the next step, long before its 400 tokens
+                leaving = await _bounded(engine.add_request([9] * 20, SamplingParams(max_tokens=400, ignore_eos=True)),
+                                         "an added request", engine)
+                await _bounded(_collect(leaving, 1, stop_after=2), "a leaving request's first tokens", engine)
+                aborted = await _drained(llm) and len(leaving.seqs[0].output_ids) < 400
                 # idle: the loop sleeps until something comes (it does not spin, asking the engine again and again)
                 asks, has_unfinished = [0], llm.engine.has_unfinished
                 llm.engine.has_unfinished = lambda: asks.__setitem__(0, asks[0] + 1) or has_unfinished()
@@ -160,7 +183,8 @@ def check_step_loop(engine_cls) -> None:
                     raise
                 except Exception as e:  # noqa: BLE001
                     stopped = e
-                return (got, left, mapped, asks[0], loop_thread, doomed_error, after_got, stopped, running)
+                return (got, left, mapped, aborted, asks[0], loop_thread, doomed_error, after_got, stopped,
+                        running)
             except Exception as e:  # a request failed because the step loop died: show why it died
                 died = _loop_error(engine)
                 if died is not None and "injected by the check" in str(died):
@@ -173,7 +197,7 @@ def check_step_loop(engine_cls) -> None:
         server_log = logging.getLogger("nanoserve.serve")
         server_log.disabled = True  # the step the check fails on purpose would print its traceback
         try:
-            got, left, mapped, asks, loop_thread, doomed_error, after_got, stopped, running = _run(main)
+            got, left, mapped, aborted, asks, loop_thread, doomed_error, after_got, stopped, running = _run(main)
         finally:
             server_log.disabled = False
     if loop_thread in threads:
@@ -202,6 +226,9 @@ def check_step_loop(engine_cls) -> None:
     if left or mapped:
         raise AssertionError(f"after every request finished, the engine still holds {left} requests and routes "
                              f"{mapped} sequences")
+    if not aborted:
+        raise AssertionError("a request whose client left (stream.abort()) was still running in the engine: on "
+                             "every turn, before the step, the loop applies the aborts (self._apply_aborts)")
     if asks > 10:
         raise AssertionError(f"with nothing to run, the step loop asked engine.has_unfinished() {asks} times in "
                              f"0.3 s: it spins. Sleep until something happens (self.wake), clearing it first")
@@ -235,7 +262,13 @@ def check_step_loop(engine_cls) -> None:
 
 
 def check_abort(engine_cls) -> None:
+    """Exercise 8.2, _forget, as an abort runs it. The step loop is the package's (exercise 8.1's), so only
+    the abort is checked here."""
     from nanoserve import SamplingParams
+    from nanoserve.checks import with_reference
+    from nanoserve.serve.async_engine import AsyncEngine
+
+    engine_cls = with_reference(engine_cls, AsyncEngine, "run")
 
     long = SamplingParams(temperature=0.8, seed=2, n=2, max_tokens=400, ignore_eos=True)
     short = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
@@ -251,14 +284,12 @@ def check_abort(engine_cls) -> None:
                 staying = await _bounded(engine.add_request([3, 4, 5], short), "an added request", engine)
                 left, stayed = await _bounded(asyncio.gather(_collect(leaving, 2, stop_after=3), _collect(staying, 1)),
                                               "the requests' tokens", engine)
-                for _ in range(100):  # the abort takes effect before the next step
-                    if not engine.engine.has_unfinished():
-                        break
-                    await asyncio.sleep(0.01)
+                await _drained(llm)  # the abort takes effect before the next step
                 if _loop_error(engine) is not None:
                     raise _loop_error(engine)
-                return (left, stayed, engine.engine.has_unfinished(), pool.num_free, len(engine.requests),
-                        len(engine.router.owners), leaving.finished)
+                ran = max(len(seq.output_ids) for seq in leaving.seqs)  # 400: it was never aborted
+                return (left, stayed, engine.engine.has_unfinished() or ran == long.max_tokens, pool.num_free,
+                        len(engine.requests), len(engine.router.owners), leaving.finished)
             except Exception as e:  # a request failed because the step loop died: show why it died
                 raise _loop_error(engine) or e
             finally:
@@ -270,10 +301,13 @@ def check_abort(engine_cls) -> None:
     if free != pool.num_blocks:
         raise AssertionError(f"{pool.num_blocks - free} of {pool.num_blocks} KV blocks are still held after the "
                              f"abort: scheduler.abort(seq) gives a sequence's blocks back")
-    if held or mapped or not finished:
-        raise AssertionError(f"after the abort the engine still lists {held} requests and {mapped} sequences "
-                             f"(stream finished: {finished}): forget the request in self.requests and its sequences "
-                             f"in self.router, and set its num_unfinished to 0")
+    if held:
+        raise AssertionError(f"{held} request(s) still in self.requests after the abort: forget the request there")
+    if mapped:
+        raise AssertionError(f"{mapped} sequence(s) still routed (self.router) after the abort: remove the request's "
+                             f"sequences from the router")
+    if not finished:
+        raise AssertionError("the aborted request's stream is not finished: set its num_unfinished to 0")
     if [d.token_id for d in stayed[0]] != list(want):
         raise AssertionError("the request that stayed did not get LLM.generate's tokens: abort only the "
                              "aborted request's sequences")

@@ -20,7 +20,7 @@ class FusedSampler(Sampler):
         self.host_i = [torch.zeros(3, max_num_seqs, dtype=torch.int64, pin_memory=on_gpu) for _ in range(2)]
         self.dev_f = torch.zeros(2, max_num_seqs, dtype=torch.float32, device=self.device)
         self.dev_i = torch.zeros(3, max_num_seqs, dtype=torch.int64, device=self.device)
-        self.turn = 0
+        self.current = 0
         # Every step's draw runs the same `pick` (compiled; on a GPU section 8's one Triton kernel), so a
         # row's numerics never depend on its batch-mates. top-k/top-p (a sort and a cumsum, which torch
         # 2.11's inductor fails to compile with dynamic shapes) run eagerly before it, and only in steps
@@ -36,8 +36,8 @@ class FusedSampler(Sampler):
         if all(p.temperature == 0 for p in params):  # all greedy: no random numbers needed
             return logits.argmax(dim=-1)
         n = len(params)
-        host_f, host_i = self.host_f[self.turn], self.host_i[self.turn]
-        self.turn ^= 1
+        host_f, host_i = self.host_f[self.current], self.host_i[self.current]
+        self.current ^= 1
         f, i = host_f.numpy(), host_i.numpy()
         f[0, :n] = [p.temperature for p in params]
         f[1, :n] = [p.top_p for p in params]

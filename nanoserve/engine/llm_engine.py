@@ -88,9 +88,9 @@ class LLMEngine:
             raise ValueError(f"prompt of {len(prompt_ids)} tokens + max_tokens {params.max_tokens} exceeds "
                              f"max_model_len {self.max_model_len}")
         pool = self.cache.block_manager
-        most = len(prompt_ids) + params.max_tokens - 1  # the last token sampled never needs K/V
-        if pool.blocks_for(most) > pool.num_blocks:
-            raise ValueError(f"prompt + max_tokens need {pool.blocks_for(most)} KV blocks but the pool has "
+        max_kv_tokens = len(prompt_ids) + params.max_tokens - 1  # the last token sampled never needs K/V
+        if pool.blocks_for(max_kv_tokens) > pool.num_blocks:
+            raise ValueError(f"prompt + max_tokens need {pool.blocks_for(max_kv_tokens)} KV blocks but the pool has "
                              f"{pool.num_blocks}: it can never fit")
         if not self.scheduler.chunked and len(prompt_ids) > self.scheduler.max_num_batched_tokens:
             raise ValueError(f"a prompt of {len(prompt_ids)} tokens exceeds max_num_batched_tokens "
@@ -122,12 +122,12 @@ class LLMEngine:
                 ahead = self.schedule()
                 self.stats.preemptions += 0 if ahead.seqs else len(ahead.preempted)
                 if ahead.seqs:
-                    self.in_flight = self.launch(ahead, feed=current)
+                    self.in_flight = self.launch(ahead, previous=current)
                     self.stats.steps_ahead += 1
             self.step_seqs = current.batch.seqs
             tokens, logprobs = self.runner.collect(current)
         except BaseException:
-            self.forget(self.in_flight, current)
+            self.cancel_steps(self.in_flight, current)
             raise
         return self.process(current, tokens, logprobs)
 
@@ -137,22 +137,22 @@ class LLMEngine:
         self.step_seqs = batch.seqs
         return batch
 
-    def launch(self, batch: ScheduledBatch, feed: LaunchedStep | None = None) -> LaunchedStep:
+    def launch(self, batch: ScheduledBatch, previous: LaunchedStep | None = None) -> LaunchedStep:
         if not batch.seqs:
             raise RuntimeError("nothing could be scheduled: the KV pool is too small for the next request")
         try:
-            return self.runner.launch(batch, feed)
+            return self.runner.launch(batch, previous)
         except BaseException:
-            self.forget(batch)
+            self.cancel_steps(batch)
             raise
 
-    def forget(self, *steps) -> None:
+    def cancel_steps(self, *steps) -> None:
         """Steps that will never be processed (newest first): the scheduler takes back what they counted."""
         self.in_flight = None
         for step in steps:
             batch = getattr(step, "batch", step)
             if batch is not None:
-                self.scheduler.drop(batch)
+                self.scheduler.cancel(batch)
 
     def process(self, launched: LaunchedStep, tokens: list[int | None], logprobs: list) -> list[tuple[Sequence, int | None]]:
         """Bring every sequence of a computed step up to date: its K/V, its new token, finished or not.
@@ -175,8 +175,8 @@ class LLMEngine:
             except Exception as e:
                 out.extend((s, None) for s in self.fail(seq, f"{type(e).__name__}: {e}"))
             except BaseException:  # Ctrl-C: the rest of this step is not processed, nor will the step ahead be
-                batch.undo(i + (seq.num_tokens > known))
-                self.forget(self.in_flight)
+                batch.uncount(i + (seq.num_tokens > known))
+                self.cancel_steps(self.in_flight)
                 raise
         self._count(batch, tokens)
         if self.in_flight is not None and all(s.status is SequenceStatus.FINISHED for s in self.in_flight.batch.seqs):

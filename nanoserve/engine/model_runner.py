@@ -63,17 +63,17 @@ class ModelRunner:
         self.processors = BatchProcessors(max_num_seqs, model.config.vocab_size, device, logits_processors)
         pinned = device.type == "cuda"
         self.host_tokens = [torch.zeros(max_num_seqs, dtype=torch.int64, pin_memory=pinned) for _ in range(2)]
-        self.turn = 0
+        self.current = 0
 
     @torch.inference_mode()
-    def launch(self, batch: ScheduledBatch, feed: LaunchedStep | None = None) -> LaunchedStep:
-        """Queue the step on the device and return without waiting for it. feed: the step before, whose
+    def launch(self, batch: ScheduledBatch, previous: LaunchedStep | None = None) -> LaunchedStep:
+        """Queue the step on the device and return without waiting for it. previous: the step before, whose
         sampled tokens are this step's placeholders (async scheduling). A sequence whose draw needs its last
         token on the host (a grammar's), while that token is still a placeholder, holds the draw back: the
         step comes back waiting, and its draw is made once the step before is processed: when the next step
         is launched (its tokens feed that step) or collected, whichever comes first."""
-        if feed is not None and feed.waits:
-            self.draw(feed)
+        if previous is not None and previous.waits:
+            self.draw(previous)
         if all(n == 1 for n in batch.num_new):  # a decode step: the longest contexts in the first rows
             batch = batch.longest_first()
         step, sampled = prepare_inputs(batch), [s for s, x in zip(batch.seqs, batch.sampled) if x]
@@ -84,9 +84,10 @@ class ModelRunner:
             launched.scorer = load("prompt_logprobs").of_step(batch, len(sampled))
         rows = launched.scorer.rows if launched.scorer is not None else []
         size = self.graphs.size_for(batch) if self.graphs is not None and not rows else None  # graph or eager
-        meta = self.builder.build(self.cache, step, batch.sampled, pad_to=size, feed=feed_rows(batch, step, feed),
-                                  scored=rows)
-        logits = self.forward(meta, size, batch.copies, feed, launched.scorer)
+        meta = self.builder.build(self.cache, step, batch.sampled, pad_to=size,
+                                  carried=rows_from_previous(batch, step, previous),
+                                  prompt_rows=rows)
+        logits = self.forward(meta, size, batch.copies, previous, launched.scorer)
         if sampled:
             launched.logits = logits[:len(sampled)]
             launched.last_inputs = lambda: meta.input_ids[meta.sample_rows[:len(sampled)]]
@@ -106,12 +107,12 @@ class ModelRunner:
             ks = [s.params.logprobs for s in sampled]  # a prefilling sequence may be the one that asked
             if any(k is not None for k in ks):  # the model's, as vLLM's
                 launched.logprobs = load("logprobs")(logits, tokens, ks)
-        host, self.turn = self.host_tokens[self.turn][:len(sampled)], self.turn ^ 1
+        host, self.current = self.host_tokens[self.current][:len(sampled)], self.current ^ 1
         host.copy_(tokens, non_blocking=True)
         launched.tokens, launched.host, launched.done = tokens, host, record_event(tokens)
         launched.logits = launched.last_inputs = None
 
-    def forward(self, meta: StepMetadata, size: int | None, copies=(), feed: LaunchedStep | None = None,
+    def forward(self, meta: StepMetadata, size: int | None, copies=(), previous: LaunchedStep | None = None,
                 scorer=None) -> torch.Tensor:
         """Logits of the step's sampled rows (a graph's: of all its rows). The workers (lesson 07) are sent the
         same step first, and run it beside us."""
@@ -119,11 +120,11 @@ class ModelRunner:
             self.workers.send_step(self.builder.rows(meta), size, copies)
         try:
             self.cache.copy_blocks(copies)  # forks' partly filled blocks, before anyone writes to them
-            if meta.num_fed:  # placeholders: the tokens feed sampled, copied in the device's own queue
-                d = self.builder.d
+            if meta.num_carried:  # placeholders: the tokens the previous step sampled, copied in the device's own queue
+                dev = self.builder.dev_views
                 # three small kernels: the builder's int32 rows index directly (no casts to int64 first)
-                rows, src = d["feed_rows"][:meta.num_fed], d["feed_from"][:meta.num_fed]
-                meta.input_ids[rows] = feed.tokens.index_select(0, src).to(meta.input_ids.dtype)
+                rows, src = dev["carried_rows"][:meta.num_carried], dev["carried_from"][:meta.num_carried]
+                meta.input_ids[rows] = previous.tokens.index_select(0, src).to(meta.input_ids.dtype)
             if self.workers is not None:
                 self.workers.share_inputs(meta)
             return self.compute(meta, size, scorer)
@@ -164,11 +165,11 @@ class ModelRunner:
         return tokens, [next(logprobs) if s else None for s in batch.sampled]
 
 
-def feed_rows(batch: ScheduledBatch, step: list, feed: LaunchedStep | None) -> list[tuple[int, int]]:
-    """(row of this step, row of feed's tokens) for every placeholder among the step's tokens."""
-    if feed is None:
+def rows_from_previous(batch: ScheduledBatch, step: list, previous: LaunchedStep | None) -> list[tuple[int, int]]:
+    """(row of this step, row of previous's tokens) for every placeholder among the step's tokens."""
+    if previous is None:
         return []
-    row_of = {id(s): i for i, s in enumerate(s for s, x in zip(feed.batch.seqs, feed.batch.sampled) if x)}
+    row_of = {id(s): i for i, s in enumerate(s for s, x in zip(previous.batch.seqs, previous.batch.sampled) if x)}
     rows, first = [], 0
     for seq, (_, start, ids) in zip(batch.seqs, step):
         if start + len(ids) > seq.num_tokens:  # its last new token is a placeholder

@@ -33,7 +33,7 @@ class Delta:
         return self.finish_reason is not None
 
 
-class Owner(Protocol):
+class DeltaConsumer(Protocol):
     """Whoever asked for a sequence's deltas: a call's deque, or a server's request stream."""
 
     def append(self, delta: Delta) -> None: ...
@@ -45,9 +45,9 @@ class OutputRouter:
     one to its owner. A sequence leaves the table with its last delta."""
 
     def __init__(self):
-        self.owners: dict[int, Owner] = {}
+        self.owners: dict[int, DeltaConsumer] = {}
 
-    def add(self, seqs, owner: Owner) -> None:
+    def add(self, seqs, owner: DeltaConsumer) -> None:
         self.owners.update((seq.seq_id, owner) for seq in seqs)
 
     def remove(self, seqs) -> None:

@@ -37,9 +37,9 @@ def prepare(params: SamplingParams, tokenizer) -> Prepared:
         if (params.stop or params.bad_words) and tokenizer is None:
             raise InvalidParameter("stop strings and bad_words need the tokenizer: pass tokenizer=...",
                                    "stop" if params.stop else "bad_words")
-        so, allowed = params.structured_outputs, params.allowed_token_ids
+        structured, allowed = params.structured_outputs, params.allowed_token_ids
         # ValueError: this request fails
-        grammar = load("structured_outputs", "compiled_grammar")(tokenizer, so) if so is not None else None
+        grammar = load("structured_outputs", "compiled_grammar")(tokenizer, structured) if structured is not None else None
         words = load("banned_tokens", "tokenize_bad_words")(tokenizer, params.bad_words) if params.bad_words else None
         allowed = frozenset(allowed) if allowed is not None else None
         if allowed is not None and words is not None and allowed <= words.banned([]):

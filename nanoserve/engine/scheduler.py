@@ -50,7 +50,7 @@ class ScheduledBatch:
             self.seqs, self.num_new, self.starts, self.sampled, self.decoding, self.preemptions)),
             self.preempted, self.copies, self.forked)
 
-    def undo(self, first: int = 0) -> None:
+    def uncount(self, first: int = 0) -> None:
         """Sequences first.. of this step were never processed (it failed, or was interrupted): take back
         their counts. One preempted since has started over: only its placeholder is taken back."""
         for seq, n, samples, p in list(zip(self.seqs, self.num_new, self.sampled, self.preemptions))[first:]:
@@ -59,7 +59,7 @@ class ScheduledBatch:
             seq.num_placeholders -= samples
 
 
-class SequenceQueues:
+class WaitingAndRunning:
     """The scheduler's state: who waits, who runs, and the moves between them."""
 
     def __init__(self, cache: KVCache, max_num_seqs: int):
@@ -129,7 +129,7 @@ class SequenceQueues:
         seq.forks = []
 
 
-class Scheduler(SequenceQueues):
+class Scheduler(WaitingAndRunning):
     """Fills each step up to a token budget; the engine's only allocator (cache.reserve, grow and fork)."""
 
     def __init__(self, cache: KVCache, max_num_seqs: int = 256, max_num_batched_tokens: int = 8192,
@@ -145,14 +145,14 @@ class Scheduler(SequenceQueues):
         try:
             self._fill(batch)
         except BaseException:  # interrupted halfway (Ctrl-C): no step is taken, so neither are its counts
-            self.drop(batch)
+            self.cancel(batch)
             raise
         return batch
 
-    def drop(self, batch: ScheduledBatch) -> None:
+    def cancel(self, batch: ScheduledBatch) -> None:
         """A step that will never be processed: take back what it counted. A completion whose fork copy
         went with it starts over (the copy's source may be gone by the next step)."""
-        batch.undo()
+        batch.uncount()
         for child in batch.forked:
             if child.status is SequenceStatus.RUNNING:
                 self.preempt(child)

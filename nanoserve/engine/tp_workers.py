@@ -146,7 +146,7 @@ def serve(conn, model, device: torch.device, parts: dict) -> None:
             with torch.inference_mode():
                 meta = runner.builder.load(rows)
                 runner.cache.copy_blocks(copies)
-                if meta.num_fed:  # placeholders: the tokens rank 0 sampled a step ago, still on its device
+                if meta.num_carried:  # placeholders: the tokens rank 0 sampled a step ago, still on its device
                     dist.broadcast(meta.input_ids, src=0)
                 runner.compute(meta, size)  # its logits are rank 0's business
         else:
@@ -267,7 +267,7 @@ class TPWorkers:
 
     def share_inputs(self, meta) -> None:
         """A step with placeholders: rank 0 has put the tokens it sampled into its input ids; so do the others."""
-        if meta.num_fed:
+        if meta.num_carried:
             dist.broadcast(meta.input_ids, src=0)
 
     # -- deaths and failures

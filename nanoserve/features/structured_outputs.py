@@ -160,14 +160,14 @@ class GrammarMask(LogitsProcessor):
         super().__init__(*args)
         self.executor = llguidance.LLExecutor(num_threads=MASK_THREADS)
         self.host: list[torch.Tensor] = []  # two buffers, used in turn: a copy from one may still be queued
-        self.turn = 0
+        self.current = 0
 
     def apply(self, logits, rows):
         width = (ll_tokenizer(rows.seqs[0].tokenizer).vocab_size + 31) // 32
         if not self.host or self.host[0].shape[1] != width:
             pinned = self.device.type == "cuda"
             self.host = [torch.empty(self.max_rows, width, dtype=torch.int32, pin_memory=pinned) for _ in range(2)]
-        words, self.turn = self.host[self.turn][:len(rows.seqs)], self.turn ^ 1
+        words, self.current = self.host[self.current][:len(rows.seqs)], self.current ^ 1
         # A sequence that finished since the step was launched (its grammar complete) is not drawn for: any mask
         ready = [(seq.matcher, r) for r, seq in enumerate(rows.seqs) if seq.finish_reason is None]
         if len(ready) < len(rows.seqs):

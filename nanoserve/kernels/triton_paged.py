@@ -275,8 +275,8 @@ def decode_num_splits(batch, kv_heads, max_context_len, device, block_n=64):
     more splits only add partial results to combine (bench/attention_kernels.py --sweep times the counts)."""
     programs = batch * kv_heads
     wanted = triton.cdiv(2 * _num_sms(device), programs)
-    most = triton.cdiv(max_context_len, block_n)
-    return max(1, min(wanted, most, 64))
+    max_splits = triton.cdiv(max_context_len, block_n)
+    return max(1, min(wanted, max_splits, 64))
 
 
 def paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale=None, *,

@@ -434,14 +434,14 @@ def build_app(llm, model_name: str, max_waiting_requests: int = 256, api_key: st
     def completion_json(body, request_id: str, streams: list[RequestStream], texts: list) -> dict:
         choices = []
         for i, (stream, text) in enumerate(zip(streams, texts)):  # OpenAI's order: prompt by prompt, n choices each
-            scored = stream.seqs[0].prompt_logprobs  # the request's first completion scores the prompt
-            scored_json = prompt_logprobs_json(tokenizer, scored if body.prompt_logprobs is not None else None)
+            prompt_scores = stream.seqs[0].prompt_logprobs  # the request's first completion scores the prompt
+            scored_json = prompt_logprobs_json(tokenizer, prompt_scores if body.prompt_logprobs is not None else None)
             for seq in sorted(stream.seqs, key=lambda s: s.index):
                 out = seq.completion()
                 ids, steps, echoed = out.token_ids, seq.logprobs, ""
                 if body.echo:  # the prompt (its text as given, or its ids decoded) in front of the completion
                     echoed = text if text is not None else tokenizer.decode(stream.prompt_ids)
-                    ids, steps = stream.prompt_ids + ids, scored + steps if steps is not None else None
+                    ids, steps = stream.prompt_ids + ids, prompt_scores + steps if steps is not None else None
                 logprobs = completion_logprobs(tokenizer, ids, steps) if steps is not None else None
                 choices.append({"index": i * body.n + seq.index, "text": echoed + out.text, "logprobs": logprobs,
                                 "finish_reason": out.finish_reason, "stop_reason": out.stop_reason,
