@@ -1,4 +1,4 @@
-"""vLLM's logits-editing sampling parameters (issue 23): each against an oracle (transformers' logits processors
+"""vLLM's logits-editing sampling parameters: each against an oracle (transformers' logits processors
 where one exists, the formula where not), on random logits, histories and batch mixes; rows that ask for nothing
 stay bit for bit; and, through the engine, a request's tokens do not depend on async scheduling or batch-mates."""
 import math

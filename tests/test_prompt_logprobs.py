@@ -1,4 +1,4 @@
-"""prompt_logprobs and the server's echo (issue 23): the log-prob of every prompt token given the ones before it,
+"""prompt_logprobs and the server's echo: the log-prob of every prompt token given the ones before it,
 against transformers' forward over the whole prompt, in every way the engine may split the work (chunks, a
 warm prefix cache, async scheduling, preemption, n > 1); and the legacy completions' echo as lm-eval's
 loglikelihood requests send it."""

@@ -1,4 +1,4 @@
-"""One bad request harms no one else (issue 20.2): requests are checked completely before they are queued
+"""One bad request harms no one else: requests are checked completely before they are queued
 (max_logprobs), and a failure inside a step that belongs to one request fails that request alone."""
 import pytest
 

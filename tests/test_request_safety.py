@@ -1,4 +1,4 @@
-"""What one request may do to the server and to its batch-mates (issue 39): its template variables never reach
+"""What one request may do to the server and to its batch-mates: its template variables never reach
 the renderer, a template of its own is bounded in time, memory and size, every route with a request's text
 needs the key, its token ids are checked before it is queued, its constraints fail it alone (a 400 naming the
 field, or its own error), and a flood of hostile requests leaves the server serving."""

@@ -1,4 +1,4 @@
-"""The sampler keeps its promises (issue 20): a filtered-out token is never chosen, top_k=1 is the argmax, and a
+"""The sampler keeps its promises: a filtered-out token is never chosen, top_k=1 is the argmax, and a
 request's tokens do not depend on its batch-mates' parameters -- in lesson 02's sampler and lesson 06's."""
 import pytest
 import torch
@@ -10,7 +10,7 @@ from nanoserve.engine.sampler import Sampler, hash_uniform, sample
 from nanoserve.engine.sampling_params import SamplingParams
 
 QWEN3_VOCAB = 151936
-# (seed, step, token) where the old hash gave u == 1.0 exactly (issue 20): -log(u) = 0.
+# (seed, step, token) where a hash keeping 24 bits would give u == 1.0 exactly, and -log(u) = 0.
 ROUNDED_TO_ONE = (11, 3, 138113)
 
 

@@ -1,4 +1,4 @@
-"""Every request field of OpenAI's schemas and vLLM's extra parameters (issue 23): it works, or the server refuses
+"""Every request field of OpenAI's schemas and vLLM's extra parameters: it works, or the server refuses
 it with HTTP 400 naming it -- never accepted and dropped. Those that work are checked for their effect: the
 server's tokens equal LLM.generate's with the same SamplingParams, whose effects tests/test_logits_processors.py
 checks against oracles."""

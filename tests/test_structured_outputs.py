@@ -1,4 +1,4 @@
-"""Structured outputs (issue 23): the output follows its JSON schema, regex, choice or grammar, whatever the
+"""Structured outputs: the output follows its JSON schema, regex, choice or grammar, whatever the
 model would rather say (a random model, sampled at temperature 1), alone or in a batch, with async scheduling
 and n > 1; through LLM, lesson 02's loop and the server's response_format / structured_outputs / guided_*."""
 import json

@@ -1,4 +1,4 @@
-"""vLLM's simple offline examples, written again here (issue 23): what a vLLM user writes works with the import
+"""vLLM's simple offline examples, written again here: what a vLLM user writes works with the import
 and the model name changed. basic, chat, generate with EngineArgs, prefix caching, reproducibility, default
 sampling, structured outputs."""
 import json
