@@ -212,6 +212,30 @@ def test_a_streamed_batch_gives_each_prompts_choices_their_own_indices(client, l
     assert usage.prompt_tokens == sum(len(out.prompt_token_ids) for out in want)
 
 
+@pytest.mark.parametrize("chat", [False, True])
+def test_continuous_usage_stats_counts_every_chunk_so_far(client, llm, chat):
+    """stream_options.continuous_usage_stats (vLLM's, which guidellm sends to time tokens): every chunk's usage
+    holds the prompt and the completion tokens so far, and the last chunk the totals."""
+    api = openai.OpenAI(base_url="http://testserver/v1", api_key="none", http_client=client)
+    args = dict(model="tiny-qwen3", max_tokens=6, temperature=0.7, seed=2, n=2, stream=True,
+                stream_options={"include_usage": True, "continuous_usage_stats": True})
+    if chat:
+        events = api.chat.completions.create(messages=[{"role": "user", "content": "Hi"}], **args)
+    else:
+        events = api.completions.create(prompt="The sky is", **args)
+    seen = []
+    for event in events:
+        seen.append((event.usage.prompt_tokens, event.usage.completion_tokens, bool(event.choices)))
+    prompt = seen[-1][0]
+    assert all(p == prompt for p, _, _ in seen) and prompt > 0
+    counts = [c for _, c, has_choices in seen if has_choices]
+    assert counts == sorted(counts) and counts[-1] == seen[-1][1] == 12  # two completions of 6 tokens
+    assert counts[0] <= 1  # the counts so far, not the totals given early
+    off = api.completions.create(model="tiny-qwen3", prompt="The sky is", max_tokens=3, stream=True,
+                                 stream_options={"include_usage": True})
+    assert [e.usage is None for e in off][:-1] == [True] * 3  # without it: usage only on the last chunk
+
+
 def llm_engine_busy(client) -> bool:
     """Whether the engine still runs anything, a moment after the reply (an abort takes effect before its next step)."""
     import time

@@ -304,16 +304,21 @@ def build_app(llm, model_name: str, max_waiting_requests: int = 256, api_key: st
             for task in tasks:
                 task.cancel()
 
-    async def events(streams: list[RequestStream], request_id: str, chat: bool, include_usage: bool):
+    async def events(streams: list[RequestStream], request_id: str, chat: bool, options):
         """The server-sent events of one streamed request (a batch of prompts: choice i * n + k is prompt i's
-        completion k), ending in `data: [DONE]`."""
+        completion k), ending in `data: [DONE]`. options: the request's stream_options (or None)."""
         params = streams[0].params
         counts, top, tail = [0] * (params.n * len(streams)), params.logprobs or 0, None
+        include_usage = options is not None and options.include_usage
+        prompt_tokens = sum(len(s.prompt_ids) for s in streams)
+        # vLLM's continuous_usage_stats: each chunk's usage is the counts so far (guidellm times tokens by them)
+        so_far = (lambda: usage(prompt_tokens, sum(counts))) if include_usage and options.continuous_usage_stats \
+            else (lambda: None)
         try:
             if chat:  # the first chunk of each choice names the role, as OpenAI's does
                 yield sse(chunk(request_id, model_name, True,
                                 [{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                                  "finish_reason": None} for i in range(params.n)], None, include_usage))
+                                  "finish_reason": None} for i in range(params.n)], so_far(), include_usage))
             async for which, delta in merged(streams):
                 index = which * params.n + delta.index
                 counts[index] += 1
@@ -326,9 +331,8 @@ def build_app(llm, model_name: str, max_waiting_requests: int = 256, api_key: st
                     choice["text"] = delta.text
                     if delta.logprobs is not None:
                         choice["logprobs"] = completion_logprobs(tokenizer, [delta.token_id], [delta.logprobs])
-                yield sse(chunk(request_id, model_name, chat, [choice], None, include_usage))
+                yield sse(chunk(request_id, model_name, chat, [choice], so_far(), include_usage))
             if include_usage:
-                prompt_tokens = sum(len(s.prompt_ids) for s in streams)
                 yield sse(chunk(request_id, model_name, chat, [], usage(prompt_tokens, sum(counts)), True))
         except (EngineStopped, RuntimeError) as e:  # the server is stopping, or a step failed
             tail = error_body(str(e), "server_error", 503 if isinstance(e, EngineStopped) else 500)
@@ -417,8 +421,7 @@ def build_app(llm, model_name: str, max_waiting_requests: int = 256, api_key: st
                 streams.append(await start(request, ids, params, stream_text=body.stream))
             request_id = f"cmpl-{body.request_id}" if body.request_id else new_id("cmpl")  # vLLM's request_id
             if body.stream:
-                include_usage = body.stream_options is not None and body.stream_options.include_usage
-                return streaming(events(streams, request_id, False, include_usage))
+                return streaming(events(streams, request_id, False, body.stream_options))
             for stream in streams:
                 await wait_for_all(stream, request)
         except ClientGone:  # nobody to answer: the requests are aborted, and nothing is logged
@@ -476,8 +479,7 @@ def build_app(llm, model_name: str, max_waiting_requests: int = 256, api_key: st
         stream = await start(request, prompt_ids, params, stream_text=body.stream)
         request_id = f"chatcmpl-{body.request_id}" if body.request_id else new_id("chatcmpl")
         if body.stream:
-            include_usage = body.stream_options is not None and body.stream_options.include_usage
-            return streaming(events([stream], request_id, True, include_usage))
+            return streaming(events([stream], request_id, True, body.stream_options))
         try:
             await wait_for_all(stream, request)
         except ClientGone:

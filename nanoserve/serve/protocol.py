@@ -45,7 +45,7 @@ class Strict(BaseModel):
 
 class StreamOptions(Strict):
     include_usage: bool = False
-    continuous_usage_stats: Any = None  # vLLM's: refused (REFUSED)
+    continuous_usage_stats: bool = False  # vLLM's: with include_usage, every chunk carries the counts so far
 
 
 # Known parameters this server does not implement: each is refused, naming itself, unless it holds the value
@@ -66,12 +66,10 @@ REFUSED = {
     "spaces_between_special_tokens": "spaces_between_special_tokens=false is not supported",
     "return_tokens_as_token_ids": "return_tokens_as_token_ids is not supported",
     "moderation": "moderation is not supported",
-    "continuous_usage_stats": "stream_options.continuous_usage_stats is not supported (usage comes at the end)",
 }
 DOES_NOTHING = {"use_beam_search": (False,), "length_penalty": (1.0,), "guided_decoding_backend": ("auto", "guidance"),
                 "modalities": (["text"],), "priority": (0,),
-                "spaces_between_special_tokens": (True,), "return_tokens_as_token_ids": (False,), "echo": (False,),
-                "continuous_usage_stats": (False,)}
+                "spaces_between_special_tokens": (True,), "return_tokens_as_token_ids": (False,), "echo": (False,)}
 
 
 class SamplingRequest(Strict):
@@ -190,10 +188,7 @@ class DetokenizeRequest(Strict):
 
 def refuse_unsupported(request: SamplingRequest) -> None:
     """BadRequest for the first known-but-unsupported field that would do something."""
-    given = [(name, getattr(request, name, None)) for name in REFUSED]
-    if request.stream_options is not None:
-        given.append(("continuous_usage_stats", request.stream_options.continuous_usage_stats))
-    for name, value in given:
+    for name, value in [(name, getattr(request, name, None)) for name in REFUSED]:
         if value is None or value in DOES_NOTHING.get(name, ()) or (name == "best_of" and value == request.n) \
                 or (name == "echo" and isinstance(request, CompletionRequest)):  # completions' echo works
             continue
@@ -480,8 +475,8 @@ def chat_response(request_id: str, model: str, choices: list[dict], prompt_token
 
 def chunk(request_id: str, model: str, chat: bool, choices: list[dict], usage_: dict | None = None,
           include_usage: bool = False) -> dict:
-    """One streamed chunk. With include_usage every chunk carries "usage": null, and the last one, with
-    no choices, the totals."""
+    """One streamed chunk. With include_usage every chunk carries "usage": null (with continuous_usage_stats
+    the counts so far), and the last one, with no choices, the totals."""
     body = {"id": request_id, "object": "chat.completion.chunk" if chat else "text_completion",
             "created": int(time.time()), "model": model, "choices": choices}
     if include_usage:
