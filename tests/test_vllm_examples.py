@@ -63,6 +63,14 @@ def test_prefix_caching_gives_the_same_text_and_finds_the_prefix():
     cached = cached_llm.generate(prompts, greedy, use_tqdm=False)
     assert [o.outputs[0].text for o in plain] == [o.outputs[0].text for o in cached]
     assert all(o.num_cached_tokens > 0 for o in cached)
+    # vLLM's reset_prefix_cache: refused while a request holds blocks, then every cached block forgotten
+    held = cached_llm.engine.add_request(cached_llm.tokenizer.encode(prompts[0]), greedy)
+    cached_llm.engine.step()  # its prompt computed: it holds blocks
+    assert cached_llm.reset_prefix_cache() is False
+    cached_llm.engine.scheduler.abort(held)
+    assert cached_llm.reset_prefix_cache() is True
+    again = cached_llm.generate(prompts, greedy, use_tqdm=False)
+    assert again[0].num_cached_tokens == 0 and [o.outputs[0].text for o in again] == [o.outputs[0].text for o in plain]
 
 
 def test_reproducibility_with_a_seed():

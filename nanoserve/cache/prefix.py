@@ -114,6 +114,17 @@ class PrefixCachingBlockManager(BlockManager):
             self.cached.setdefault(h, table[i])  # an equal block named earlier stays the one found
             parent = h
 
+    def reset(self) -> bool:
+        """Forget every cached block (vLLM's LLM.reset_prefix_cache: after the weights change, say), unless a
+        sequence still holds blocks, whose names the next steps rely on: then nothing changes and it says False."""
+        if any(self.ref_count):
+            return False
+        self.free_blocks.extend(self.evictable)
+        self.evictable.clear()
+        self.cached.clear()
+        self.records = [BlockRecord() for _ in self.records]
+        return True
+
 
 class PrefixCachingKVCache(PagedKVCache):
     """Lesson 03's paged cache with the prefix-caching manager: `reserve` now reports cached tokens."""

@@ -254,6 +254,11 @@ class LLM:
     def get_tokenizer(self):
         return self.tokenizer
 
+    def reset_prefix_cache(self) -> bool:
+        """vLLM's: forget the prefix cache's blocks; False (and nothing forgotten) while requests hold blocks."""
+        manager = self.cache.block_manager
+        return manager.reset() if hasattr(manager, "reset") else True  # no prefix cache: nothing to forget
+
     def shutdown(self) -> None:
         """Free the model and the KV pool now (a `with LLM(...) as llm:` block does it on exit)."""
         self._engine, self.model, self.router = None, None, OutputRouter()
