@@ -1,6 +1,7 @@
 """vLLM's simple offline examples, written again here: what a vLLM user writes works with the import
 and the model name changed. basic, chat, generate with EngineArgs, prefix caching, reproducibility, default
 sampling, structured outputs."""
+import argparse
 import json
 import re
 
@@ -149,3 +150,29 @@ def test_vllms_module_paths_and_idioms(llm, caplog):
     assert as_parts.prompt_token_ids == as_text.prompt_token_ids and as_parts.outputs[0].text == as_text.outputs[0].text
     with pytest.raises(ValueError, match="only text content parts"):
         llm.chat([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}], params)
+
+
+def test_engine_args_on_a_command_line_as_vllms_generate_example():
+    """vLLM's examples build their parser from EngineArgs (FlexibleArgumentParser + add_cli_args), pop their own
+    flags and hand the rest to LLM(**args); underscores in a flag are taken too."""
+    from nanoserve.utils.argparse_utils import FlexibleArgumentParser
+
+    parser = FlexibleArgumentParser()
+    EngineArgs.add_cli_args(parser)
+    parser.set_defaults(model="tiny-qwen3")
+    parser.add_argument_group("Sampling parameters").add_argument("--max-tokens", type=int, default=4)
+    defaults = vars(parser.parse_args([]))
+    assert {k: defaults[k] for k in ("max_model_len", "enable_prefix_caching", "enforce_eager", "seed")} == \
+        {"max_model_len": 4096, "enable_prefix_caching": True, "enforce_eager": None, "seed": 0}
+    args = vars(parser.parse_args(["--max_model_len", "256", "--no-enable-prefix-caching", "--device=cpu",
+                                   "--num-gpu-blocks-override", "64", "--gpu-memory-utilization", "0.5"]))
+    max_tokens = args.pop("max_tokens")
+    engine_args = EngineArgs.from_cli_args(argparse.Namespace(**args))
+    assert (engine_args.max_model_len, engine_args.enable_prefix_caching, engine_args.num_gpu_blocks_override,
+            engine_args.gpu_memory_utilization) == (256, False, 64, 0.5)
+    with LLM(**args) as llm:
+        assert llm.engine.max_model_len == 256
+        out = llm.generate("Hello", SamplingParams(max_tokens=max_tokens), use_tqdm=False)
+    assert len(out[0].outputs[0].token_ids) == 4
+    with pytest.raises(SystemExit):  # a value of the wrong type is argparse's usage error
+        parser.parse_args(["--max-model-len", "lots"])

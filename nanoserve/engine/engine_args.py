@@ -3,9 +3,12 @@
 
 """How an LLM is made: its settings (EngineArgs, vLLM's names, checked when made), the classes it assembles
 (EngineParts), and what they resolve to (dtype, device, KV blocks, the checkpoint's sampling defaults)."""
+import argparse
+import dataclasses
 import gc
 import importlib
 import json
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -199,3 +202,23 @@ class EngineArgs:
             self.parts = EngineParts(**self.parts)
         if not isinstance(self.parts, EngineParts):
             raise ValueError(f"parts must be an EngineParts, got {type(self.parts).__name__}")
+
+    @classmethod
+    def add_cli_args(cls, parser):
+        """vLLM's: a flag for each setting a command line can hold, named as the field (--max-model-len; a yes/no
+        setting also --no-enable-prefix-caching), with the field's default; from_cli_args reads them back."""
+        group = parser.add_argument_group("engine arguments (EngineArgs)")
+        for setting in dataclasses.fields(cls):
+            if setting.name in ("logits_processors", "parts"):  # Python objects: no command line holds them
+                continue
+            flag, kinds = "--" + setting.name.replace("_", "-"), typing.get_args(setting.type) or (setting.type,)
+            if bool in kinds:
+                group.add_argument(flag, action=argparse.BooleanOptionalAction, default=setting.default)
+            else:
+                kind = int if int in kinds else float if float in kinds else str
+                group.add_argument(flag, type=kind, default=setting.default, metavar=setting.name.upper())
+        return parser
+
+    @classmethod
+    def from_cli_args(cls, args) -> "EngineArgs":
+        return cls(**{s.name: getattr(args, s.name) for s in dataclasses.fields(cls) if hasattr(args, s.name)})

@@ -1,0 +1,1 @@
+"""vLLM's `vllm.utils` paths that scripts import from (argparse_utils)."""
