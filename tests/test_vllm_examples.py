@@ -176,3 +176,16 @@ def test_engine_args_on_a_command_line_as_vllms_generate_example():
     assert len(out[0].outputs[0].token_ids) == 4
     with pytest.raises(SystemExit):  # a value of the wrong type is argparse's usage error
         parser.parse_args(["--max-model-len", "lots"])
+
+
+def test_detokenize_false_gives_token_ids_alone(llm):
+    """SamplingParams(detokenize=False), as vLLM's: the same tokens, no text (""), no decoded_token; stop strings,
+    which are found in the text, are refused."""
+    params = SamplingParams(max_tokens=5, temperature=0, logprobs=1, detokenize=False)
+    out = llm.generate("Hello", params, use_tqdm=False)[0].outputs[0]
+    want = llm.generate("Hello", SamplingParams(max_tokens=5, temperature=0), use_tqdm=False)[0].outputs[0]
+    assert out.text == "" and out.token_ids == want.token_ids and want.text
+    assert all(lp.decoded_token is None for step in out.logprobs for lp in step.values())
+    assert [text for _, text, _, _ in llm.stream("Hello", params)] == [""] * 5
+    with pytest.raises(ValueError, match="detokenize"):
+        SamplingParams(stop=["x"], detokenize=False)

@@ -126,7 +126,7 @@ def complete_output(out: RequestOutput, seqs: list[Sequence]) -> None:
     first = min(seqs, key=lambda s: s.index)
     out.num_cached_tokens, out.prompt_logprobs = first.num_cached_tokens, first.prompt_logprobs  # forks never look
     entries = [(token, logprob) for step in first.prompt_logprobs or [] for token, logprob in (step or {}).items()]
-    if entries and first.tokenizer is not None:  # vLLM's Logprob.decoded_token, in one call
+    if entries and first.tokenizer is not None and first.params.detokenize:  # vLLM's decoded_token, in one call
         for (_, logprob), text in zip(entries, first.tokenizer.batch_decode([[t] for t, _ in entries])):
             logprob.decoded_token = text
     times = [s.first_scheduled_time for s in seqs if s.first_scheduled_time is not None], \

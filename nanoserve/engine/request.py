@@ -116,7 +116,7 @@ class Request:
 
     def stream_text(self) -> None:
         """Make new_text after every token from now on (before the first token: a stream asks for it)."""
-        if self.detok is None and self.tokenizer is not None:
+        if self.detok is None and self.tokenizer is not None and self.params.detokenize:
             self.detok = self._detokenizer()
 
     def _detokenizer(self) -> Detokenizer:
@@ -126,7 +126,7 @@ class Request:
     def completion(self) -> Completion:
         if self.detok is not None:
             text = self.detok.text
-        elif self.tokenizer is not None:  # in one go; a character cut short at the end is left out, as above
+        elif self.tokenizer is not None and self.params.detokenize:  # in one go (a cut character left out)
             text = self.tokenizer.decode(self.output_ids, skip_special_tokens=self.params.skip_special_tokens)
             text = text.rstrip("\ufffd")
         else:

@@ -67,6 +67,7 @@ class SamplingParams:
     allowed_token_ids: list[int] | None = None  # only these tokens may be drawn
     bad_words: list[str] | None = None  # words never generated (a word's last token is masked after the rest)
     skip_special_tokens: bool = True  # leave special tokens out of the text
+    detokenize: bool = True  # make the output's text (False: token ids alone, text "", as vLLM's)
     truncate_prompt_tokens: int | None = None  # keep only the prompt's last k tokens (-1: max_model_len)
     structured_outputs: StructuredOutputsParams | None = None  # a JSON schema, regex, choice or grammar to follow
     extra_args: dict | None = None  # for the LLM's own logits processors (vLLM's): each reads what it needs
@@ -109,12 +110,14 @@ class SamplingParams:
         integer("prompt_logprobs", 0, none_ok=True)
         if self.truncate_prompt_tokens != -1:
             integer("truncate_prompt_tokens", 1, none_ok=True)
-        for name in ("include_stop_str_in_output", "ignore_eos", "skip_special_tokens"):
+        for name in ("include_stop_str_in_output", "ignore_eos", "skip_special_tokens", "detokenize"):
             if not isinstance(getattr(self, name), bool):
                 bad(f"{name} must be True or False, got {getattr(self, name)!r:.100}")
         self.stop = [] if self.stop is None else [self.stop] if isinstance(self.stop, str) else list(self.stop)
         if not all(isinstance(s, str) and s for s in self.stop):
             bad(f"stop must be a non-empty string or a list of them, got {self.stop!r:.100}")
+        if self.stop and not self.detokenize:
+            bad("stop strings are found in the text: they need detokenize=True")
         self.bad_words = [] if self.bad_words is None else list(self.bad_words)
         if isinstance(self.structured_outputs, dict):  # as a server's JSON gives it
             try:

@@ -26,7 +26,8 @@ class Sequence(Request):
         self.index = index  # which of its request's n completions this is
         self.forks: list[Sequence] = []  # the request's other completions, until this one's prompt is computed
         # logprobs=k: a list of {token: Logprob} per output token, made as it is read
-        self.logprobs = load("logprobs", "LogprobsList")(params.logprobs, tokenizer) if "logprobs" in self.features \
+        texts = tokenizer if params.detokenize else None  # Logprob.decoded_token: None without text, as vLLM's
+        self.logprobs = load("logprobs", "LogprobsList")(params.logprobs, texts) if "logprobs" in self.features \
             else None
         self.error: str | None = None  # why it failed alone (finish_reason "error"; LLMEngine.fail)
         self.num_cached_tokens = 0  # of its prompt, found in the prefix cache when first admitted
