@@ -68,7 +68,7 @@ class StepMetadataBuilder:
         pad_to: a decode step padded with idle rows up to this many sequences (lesson 06's graphs).
         carried: (row, i) pairs: the token at this row is the one the previous step sampled at its row i (the
         runner copies it there on the device: async scheduling). prompt_rows: more rows whose logits the step
-        computes, after the sampled ones (prompt tokens being prompt_rows: lesson 05's prompt_logprobs)."""
+        computes, after the sampled ones (prompt tokens being scored: lesson 05's prompt_logprobs)."""
         self.next_buffer()
         host, num_seqs = self.host, len(seqs)
         num_new = np.array([len(tokens) for _, _, tokens in seqs], dtype=np.int64)
