@@ -119,10 +119,11 @@ class PrefixCachingBlockManager(BlockManager):
         sequence still holds blocks, whose names the next steps rely on: then nothing changes and it says False."""
         if any(self.ref_count):
             return False
-        self.free_blocks.extend(self.evictable)
-        self.evictable.clear()
-        self.cached.clear()
-        self.records = [BlockRecord() for _ in self.records]
+        self.cached.clear()  # first: nothing finds them now, and until moved they are still evictable (Ctrl-C)
+        while self.evictable:
+            block, _ = self.evictable.popitem(last=False)
+            self.records[block] = BlockRecord()
+            self.free_blocks.append(block)
         return True
 
 
