@@ -58,7 +58,7 @@ run() {
 
 setup() {
   # the wheels in .whl/ (bench/wheels.sh) where the engine's dependencies are missing (a bare GPU machine)
-  if [ -d .whl ] && ! $PY -c "import llguidance, safetensors, transformers" 2>/dev/null; then
+  if [ -d .whl ] && ! $PY -c "import llguidance, safetensors, transformers, nbformat, pytest" 2>/dev/null; then
     $PY -m pip install -q --no-index --no-deps --no-compile .whl/*.whl 2>&1 | tail -1
   fi
   $PY -m nanoserve.cli prepare qwen3-0.6b-random tiny-qwen3 > "$LOGS/prepare.log" 2>&1 || {

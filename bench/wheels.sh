@@ -13,7 +13,7 @@ python3 -m pip download --quiet --only-binary=:all: --python-version 3.12 --impl
     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
     --platform any -d "$tmp" \
     "fastapi==0.165.0" "starlette==1.10.0" "uvicorn==0.54.0" "pydantic==2.14.4" "pydantic-core==2.50.5" \
-    "openai>=1.99,<2" "llguidance==1.6.1" "gguf==0.19.0" pytest hypothesis
+    "openai>=1.99,<2" "llguidance==1.6.1" "gguf==0.19.0" pytest hypothesis nbformat
 # Already in the GPU image, and heavy or risky to shadow: keep its own.
 rm -f "$tmp"/numpy-* "$tmp"/tqdm-* "$tmp"/torch-* "$tmp"/triton-* "$tmp"/nvidia_* "$tmp"/typing_extensions-*
 # only now replace the old set: a download that failed halfway leaves it as it was
