@@ -5,7 +5,8 @@
 #   bash bench/run_gpu.sh [STAGE ...]        (default: tests throughput)
 #
 # Stages (minutes on one H200, roughly; a device command may run 10 at most, so run long ones alone):
-#   tests            make test-gpu's tests (tests/gpu and the tests that use CUDA when it is there)
+#   tests            make test-gpu's tests (tests/gpu and the tests that use CUDA when it is there) (~10.5;
+#                    where a command may not run that long, split the list: GPU_TESTS="tests/gpu ..." for each part)
 #   throughput       nanoserve bench: the workload and batch 1, against transformers' generate (~5)
 #   ladder           nanoserve bench --ladder --profile, the fp8 KV row, the picture (~5)
 #   profile          where a step's time goes, batch 1 and the workload (bench/time_split.py) (~3)
@@ -69,9 +70,10 @@ setup() {
 }
 
 stage_tests() {
-  # the list lives in the Makefile (GPU_TESTS), so that make test-gpu and this stage run the same tests
-  local tests
-  tests=$(awk '/^GPU_TESTS :=/ {f = 1; sub(/^GPU_TESTS :=/, "")}
+  # the list lives in the Makefile (GPU_TESTS), so that make test-gpu and this stage run the same tests;
+  # GPU_TESTS in the environment runs a part of it instead
+  local tests=${GPU_TESTS:-}
+  [ -n "$tests" ] || tests=$(awk '/^GPU_TESTS :=/ {f = 1; sub(/^GPU_TESTS :=/, "")}
                f {more = sub(/\\$/, ""); printf "%s ", $0; if (!more) exit}' Makefile)
   if ! $PY -c "import pytest" 2>/dev/null; then
     echo "pytest is missing: add its wheels to .whl (bash bench/wheels.sh)"; failed+=(tests); return
