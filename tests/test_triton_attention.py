@@ -596,3 +596,56 @@ def test_triton_apply_bitmask_is_lesson_02s_unpacked_mask(seed):
     got = logits.to(DEVICE)
     triton_fused.triton_apply_bitmask(got, words.to(DEVICE), rows.to(DEVICE))
     assert torch.equal(got.cpu(), want)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_triton_penalties_are_exercise_2_5s_torch_path(seed):
+    # The penalties' two kernels against their torch path (exercise 2.5): histories rebuilt from random outputs,
+    # then draws counted by both (tokens drawn again and again, tokens of the prompt drawn, new tokens), then one
+    # edit of a step whose rows are in another order than the slots, beside rows that use no penalty, with -inf
+    # logits and penalties below 1 and negative.
+    from types import SimpleNamespace
+
+    from nanoserve.engine.features import Rows
+    from nanoserve.engine.sampling_params import SamplingParams
+    from nanoserve.features.penalties import Penalties
+    from nanoserve.kernels import triton_fused
+
+    rng, gen = random.Random(seed), torch.Generator().manual_seed(seed)
+    V, M = rng.choice([50, 3000]), rng.randint(2, 6)
+    penalties = Penalties(M, V, torch.device("cpu"))
+    slots = rng.sample(range(M), rng.randint(1, M))
+    for slot in slots:
+        params = SamplingParams(repetition_penalty=rng.choice([0.6, 1.0, 1.7]),
+                                frequency_penalty=rng.choice([0.0, -1.0, 0.5]),
+                                presence_penalty=rng.choice([0.0, 1.5, -0.5]))
+        output = [rng.randrange(20) for _ in range(rng.randint(0, 30))]
+        seq = SimpleNamespace(params=params, prompt_ids=[rng.randrange(V) for _ in range(rng.randint(1, 40))],
+                              output_ids=output)
+        penalties.add(slot, seq)
+        penalties.rebuild(slot, seq, len(output), None)
+    penalties.reserve(penalties.history.shape[1] + 40)
+    on_device = {name: getattr(penalties, name).clone().to(DEVICE) for name in ("history", "count", "length", "factors")}
+    slot_ids = torch.tensor(slots)
+    for _ in range(25):
+        tokens = torch.randint(0, 25, (len(slots),), generator=gen)
+        penalties.append(slot_ids, tokens)
+        triton_fused.triton_count_drawn(slot_ids.to(DEVICE), tokens.to(DEVICE), on_device["history"],
+                                        on_device["count"], on_device["length"])
+    for name in ("history", "count", "length"):
+        assert torch.equal(on_device[name].cpu(), getattr(penalties, name)), name
+
+    size = len(slots) + rng.randint(0, 2)
+    index = torch.tensor(rng.sample(range(size), len(slots)))
+    logits = torch.randn(size, V, generator=gen) * 3
+    logits[torch.rand(size, V, generator=gen) < 0.1] = float("-inf")
+    steps = [penalties.history.shape[1]] * len(slots)  # a bound on each row's entries, as the engine gives
+    for slot, step in zip(slots, steps):
+        penalties.counted[slot] = step  # its history is up to date: no rebuild
+    want = logits.clone()
+    penalties.apply(want, Rows(index, slot_ids, slots, [None] * len(slots), steps, None))
+    got = logits.clone().to(DEVICE)
+    triton_fused.triton_penalties(got, index.to(DEVICE), slot_ids.to(DEVICE), on_device["history"],
+                                  on_device["count"], on_device["factors"], on_device["length"])
+    assert not torch.equal(want, logits)  # the edit changed something
+    torch.testing.assert_close(got.cpu(), want, rtol=1e-6, atol=1e-6)

@@ -4,59 +4,51 @@
 """vLLM's penalties: repetition (over the prompt and the output: a logit is divided by it if positive,
 multiplied if not), frequency and presence (over the output: minus the penalty times how often, or whether,
 the token was drawn). They touch only the tokens a row has seen, so each row keeps its *history* on the
-device: its prompt's distinct tokens, then every token it draws, each with the penalties it carries. A step
-edits the logits of those tokens alone ([rows, history] values, not [rows, vocabulary]), and a draw appends
-one entry per row, on the device: no step reads an output, however long, back from the host."""
+device: one entry per distinct token it has seen (its prompt's first), with how often it was drawn. A step
+edits the logits of those tokens alone ([rows, history] values, not [rows, vocabulary]), and a draw counts one
+token per row, on the device: no step reads an output, however long, back from the host."""
 import torch
 
 from nanoserve.engine.features import LogitsProcessor, to_device
 
 
-
 class Penalties(LogitsProcessor):
     def __init__(self, *args):
         super().__init__(*args)
-        self.factors = torch.ones(3, self.max_rows, device=self.device)  # repetition, frequency, presence
-        self.seen = torch.zeros(self.max_rows, self.vocab_size, dtype=torch.uint8, device=self.device)  # 1 prompt, 2 drawn
-        self.length = torch.zeros(self.max_rows, dtype=torch.long, device=self.device)  # entries in each history
-        self.history = torch.zeros(self.max_rows, 0, dtype=torch.long, device=self.device)  # token of each entry
-        self.weights = torch.zeros(2, self.max_rows, 0, device=self.device)  # its repetition flag, its subtraction
-        self.counted = [-1] * self.max_rows  # drawn tokens each history holds (host bookkeeping; -1: to build)
-        self.prompt_len = [0] * self.max_rows  # its prompt's distinct tokens, the history's first entries
+        rows, device = self.max_rows, self.device
+        self.factors = torch.ones(3, rows, device=device)  # repetition, frequency, presence
+        self.length = torch.zeros(rows, dtype=torch.long, device=device)  # entries in each history
+        self.history = torch.zeros(rows, 0, dtype=torch.long, device=device)  # each entry's token
+        self.count = torch.zeros(rows, 0, dtype=torch.int32, device=device)  # how often it was drawn
+        self.counted = [-1] * rows  # drawn tokens each history holds (host bookkeeping; -1: to build)
+        self.prompt_len = [0] * rows  # its prompt's distinct tokens, the history's first entries
 
     def add(self, slot, seq):
         p = seq.params
         factors = [p.repetition_penalty, p.frequency_penalty, p.presence_penalty]
-        self.factors[:, slot] = to_device(factors, torch.float32, self.device)  # (a plain copy would wait for the GPU)
+        self.factors[:, slot] = to_device(factors, torch.float32, self.device)  # (a plain copy waits for the GPU)
         self.counted[slot] = -1  # built at its first apply
 
     def reserve(self, width: int) -> None:
-        """Room for `width` entries in every history (doubling: a row grows by one entry a step)."""
+        """Room for `width` entries in every history (doubling: a row grows by at most one entry a step)."""
         if width > self.history.shape[1]:
-            width = max(width, 2 * self.history.shape[1], 64)
-            grow = width - self.history.shape[1]
+            grow = max(width, 2 * self.history.shape[1], 64) - self.history.shape[1]
             self.history = torch.nn.functional.pad(self.history, (0, grow))
-            self.weights = torch.nn.functional.pad(self.weights, (0, grow))
+            self.count = torch.nn.functional.pad(self.count, (0, grow))
 
     def rebuild(self, slot: int, seq, step: int, fed) -> None:
         """Write slot's history again from its sequence: when it joins, and after a step that drew for it was
         never processed (an error, Ctrl-C). fed(): its last drawn token, still on the device."""
         prompt, output = sorted(set(seq.prompt_ids)), seq.output_ids[:step]
-        frequency, presence = seq.params.frequency_penalty, seq.params.presence_penalty
-        repeats, minus, drawn = [1.0] * len(prompt), [0.0] * len(prompt), set()
-        for token in output:  # each entry's penalties, as drawn() gives them
-            repeats.append(float(token not in drawn and token not in prompt))
-            minus.append(frequency + presence * (token not in drawn))
-            drawn.add(token)
-        entries = prompt + output
-        self.reserve(len(entries) + 2)
-        self.seen[slot] = 0
-        self.seen[slot, to_device(prompt, torch.long, self.device)] = 1
-        self.seen[slot, to_device(sorted(drawn), torch.long, self.device)] |= 2
-        self.history[slot], self.weights[:, slot] = 0, 0
-        self.history[slot, :len(entries)] = to_device(entries, torch.long, self.device)
-        self.weights[:, slot, :len(entries)] = to_device([repeats, minus], torch.float32, self.device)
-        self.length[slot] = len(entries)
+        tokens = list(dict.fromkeys(prompt + output))  # the prompt's, then each new token as it was drawn
+        counts = {token: 0 for token in tokens}
+        for token in output:
+            counts[token] += 1
+        self.reserve(len(tokens) + 2)
+        self.history[slot], self.count[slot] = 0, 0
+        self.history[slot, :len(tokens)] = to_device(tokens, torch.long, self.device)
+        self.count[slot, :len(tokens)] = to_device(list(counts.values()), torch.int32, self.device)
+        self.length[slot] = len(tokens)
         self.prompt_len[slot], self.counted[slot] = len(prompt), step
         if step > len(output):  # async scheduling: its last token is this step's input, not on the host yet
             self.append(torch.tensor([slot], device=self.device), fed().long())
@@ -68,26 +60,34 @@ class Penalties(LogitsProcessor):
             self.counted[slot] = step + 1  # once drawn() has run
         width = max(self.prompt_len[s] + step for s, step in zip(rows.slot_ids, rows.steps))
         self.reserve(width + 1)  # and room for this step's token
-        tokens = self.history[rows.slots, :width]  # [R, W]; past a row's length: weights 0
+        if logits.is_cuda:  # the same edit in one kernel (lesson 06), not a dozen
+            from nanoserve.kernels.triton_fused import triton_penalties  # (Triton: on GPU machines only)
+            return triton_penalties(logits, rows.index, rows.slots, self.history, self.count, self.factors,
+                                    self.length)
+        tokens, count = self.history[rows.slots, :width], self.count[rows.slots, :width].float()  # [R, W]
         at = (rows.index[:, None].expand_as(tokens), tokens)
         x = logits[at]
-        repetition = self.factors[0, rows.slots, None]
-        repeats, minus = self.weights[:, rows.slots, :width]
+        repetition, frequency, presence = self.factors[:, rows.slots, None]
+        inside = torch.arange(width, device=logits.device) < self.length[rows.slots, None]
         repeated = torch.where(x > 0, x / repetition, x * repetition)
-        # added, not written: a token drawn twice has two entries (and -inf, a banned token, stays -inf)
-        delta = torch.where((repeats > 0) & (x > float("-inf")), repeated - x, 0.0) - minus
+        minus = frequency * count + presence * (count > 0)
+        # Past a row's length the entries are token 0, drawn 0 times: they must change nothing, so the changes are
+        # added (zero there), not written. And -inf, a banned token, stays -inf.
+        delta = torch.where(inside & (x > float("-inf")), repeated - x, 0.0) - minus
         logits.index_put_(at, delta, accumulate=True)
 
     def drawn(self, rows, tokens):
         self.append(rows.slots, tokens[rows.index].long())
 
     def append(self, slots: torch.Tensor, tokens: torch.Tensor) -> None:
-        """Each slot's history gets one more entry: the token it just drew, with the penalties it carries."""
-        before = self.seen[slots, tokens]
-        at = self.length[slots]
+        """Each slot's history counts the token it just drew, in that token's entry: a new one if it is new."""
+        if tokens.is_cuda:
+            from nanoserve.kernels.triton_fused import triton_count_drawn
+            return triton_count_drawn(slots, tokens, self.history, self.count, self.length)
+        length = self.length[slots]
+        inside = torch.arange(self.history.shape[1], device=slots.device) < length[:, None]
+        found = (self.history[slots] == tokens[:, None]) & inside  # [R, H]: at most one True per row
+        at = torch.where(found.any(1), found.int().argmax(1), length)  # its entry, or the next free one
         self.history[slots, at] = tokens
-        self.weights[0, slots, at] = (before == 0).float()  # seen for the first time: repetition applies once
-        first = (before & 2) == 0  # drawn for the first time: presence applies once
-        self.weights[1, slots, at] = self.factors[1, slots] + self.factors[2, slots] * first
-        self.seen[slots, tokens] = before | 2
-        self.length[slots] = at + 1
+        self.count[slots, at] += 1
+        self.length[slots] = length + (at == length)

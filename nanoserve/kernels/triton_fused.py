@@ -215,8 +215,8 @@ def triton_pick(logits: torch.Tensor, temperature, seeds, steps) -> torch.Tensor
     # the first slice with the best score: ties go to the lowest token id, as argmax's do
     return tokens.gather(1, values.argmax(dim=1, keepdim=True))[:, 0].long()
 
-# Two kernels for features beside the core (nanoserve/features/): a request that asks for one pays a pass over
-# its row of logits, not the several that the torch functions they replace make.
+# Kernels for features beside the core (nanoserve/features/): a request that asks for one pays one launch over
+# its row of logits (or of its history), not the dozen that the torch functions they replace make.
 
 @triton.jit
 def _logsumexp_rank_kernel(logits, chosen, lse, rank, V, stride, BLOCK: tl.constexpr):
@@ -264,3 +264,55 @@ def triton_apply_bitmask(logits: torch.Tensor, words: torch.Tensor, rows: torch.
         block = 4096
         _bitmask_kernel[(R, triton.cdiv(logits.shape[1], block))](logits, words.contiguous(), rows, logits.shape[1],
                                                                  logits.stride(0), W, BLOCK=block, num_warps=4)
+
+@triton.jit
+def _penalties_kernel(logits, stride, rows, slots, history, count, factors, length, H, M, BLOCK: tl.constexpr):
+    """One row's penalties: each entry of its slot's history (a distinct token, how often drawn) edits that
+    token's logit. One entry per token, so every logit is read and written once: no atomics, no order."""
+    r = tl.program_id(0)
+    row, slot = tl.load(rows + r).to(tl.int64), tl.load(slots + r).to(tl.int64)
+    n = tl.load(length + slot)
+    repetition, frequency = tl.load(factors + slot), tl.load(factors + M + slot)
+    presence = tl.load(factors + 2 * M + slot)
+    for start in range(0, n, BLOCK):
+        j = start + tl.arange(0, BLOCK)
+        inside = j < n
+        token = tl.load(history + slot * H + j, mask=inside, other=0)
+        drawn = tl.load(count + slot * H + j, mask=inside, other=0).to(tl.float32)
+        x = tl.load(logits + row * stride + token, mask=inside, other=0.0)
+        repeated = tl.where(x > 0, tl.div_rn(x, repetition), x * repetition)
+        minus = frequency * drawn + presence * (drawn > 0).to(tl.float32)
+        delta = tl.where(x > float("-inf"), repeated - x, 0.0) - minus
+        tl.store(logits + row * stride + token, x + delta, mask=inside)
+
+
+def triton_penalties(logits, rows, slots, history, count, factors, length) -> None:
+    """features/penalties.py's edit in place: logits [B, V] float32, rows [R] of logits, slots [R] of the
+    history [slots, H] and count [slots, H], factors [3, slots] (repetition, frequency, presence), length [slots]."""
+    if len(rows):
+        _penalties_kernel[(len(rows),)](logits, logits.stride(0), rows, slots, history, count, factors.contiguous(),
+                                        length, history.shape[1], factors.shape[1], BLOCK=128, num_warps=2)
+
+
+@triton.jit
+def _count_drawn_kernel(slots, tokens, history, count, length, H, BLOCK: tl.constexpr):
+    """One row's drawn token counted in its slot's history: in the token's entry, found by a scan of the
+    row's entries, or in a new entry at the end."""
+    r = tl.program_id(0)
+    slot, token = tl.load(slots + r).to(tl.int64), tl.load(tokens + r)
+    n = tl.load(length + slot)
+    at = n
+    for start in range(0, n, BLOCK):
+        j = (start + tl.arange(0, BLOCK)).to(tl.int64)
+        entry = tl.load(history + slot * H + j, mask=j < n, other=-1)
+        at = tl.minimum(at, tl.min(tl.where(entry == token, j, n), 0))
+    tl.store(history + slot * H + at, token)
+    tl.store(count + slot * H + at, tl.load(count + slot * H + at) + 1)
+    tl.store(length + slot, n + (at == n).to(tl.int64))
+
+
+def triton_count_drawn(slots, tokens, history, count, length) -> None:
+    """features/penalties.py's append: tokens [R] (long), drawn by the rows of slots [R], counted in place."""
+    if len(slots):
+        _count_drawn_kernel[(len(slots),)](slots, tokens, history, count, length, history.shape[1], BLOCK=256,
+                                           num_warps=2)
