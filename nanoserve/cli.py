@@ -137,8 +137,45 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# How `nanoserve serve`'s engine flags differ from EngineArgs.add_cli_args's own (a flag for every EngineArgs
+# setting, with its default): vLLM's checks, aliases and server defaults, help, and the settings a server leaves out.
+SERVE_ENGINE_FLAGS = {
+    "model": None,  # serve's positional argument
+    "profiler_config": None,  # the server has no start_profile route
+    "disable_log_stats": None,  # --disable-log-stats: below, with --disable-log-requests
+    "max_model_len": dict(type=_model_len, help="tokens, or like 2k / 2K (default %(default)s)"),
+    "max_num_seqs": dict(type=_positive_int),
+    "max_num_batched_tokens": dict(type=_positive_int, default=8192,
+                                   help="tokens per step (default 8192, below LLM's 16384: a shorter step keeps "
+                                        "TTFT and ITL down)"),
+    "block_size": dict(type=_positive_int),
+    "tensor_parallel_size": dict(type=_positive_int, aliases=["-tp"]),
+    "num_gpu_blocks_override": dict(type=_positive_int),
+    "max_logprobs": dict(type=_non_negative_int, help="the most log-probs a request may ask for per token; more get "
+                                                      "HTTP 400 (default %(default)s)"),
+    "kv_cache_dtype": dict(type=_kv_cache_dtype, help="the KV cache's: auto (the model's dtype), bfloat16, fp8 or "
+                                                      "fp8_e4m3 (e4m3, scale 1.0)"),
+    "dtype": dict(help="auto, bfloat16, float16 or float32 (default auto: the checkpoint's on a GPU, float32 on "
+                       "a CPU)"),
+    "enforce_eager": dict(help="no CUDA graphs, no torch.compile (default: eager on a CPU only)"),
+    "custom_all_reduce": dict(help="with tensor parallelism, small all-reduces by the one-shot kernel (lesson 07)"),
+    "async_scheduling": dict(help="schedule step N+1 while step N runs (default: on unless eager)"),
+    "fused_ops": dict(help="lesson 06's fused model (--no-fused-ops: lesson 01's)"),
+    "cpu_kv_cache_gib": dict(help="the KV pool's memory on a CPU, in GiB (default %(default)s)"),
+    "seed": dict(help="seeds the requests that bring none (default %(default)s)"),
+    "tokenizer": dict(help="a tokenizer directory or zoo name of its own (default: the model's); no remote code"),
+    "generation_config": dict(help="sampling defaults: auto (the checkpoint's generation_config.json), vllm (none) "
+                                   "or a folder"),
+    "device": dict(help="cpu, cuda or cuda:N (default: cuda if available)"),
+    "trust_remote_code": dict(action=_Refused, help="refused: nanoserve never runs a checkpoint's own code",
+                              why="nanoserve never runs a checkpoint's own code (tokenizers load without it)"),
+}
+
+
 def add_serve_parser(sub) -> None:
-    """`nanoserve serve MODEL`: the engine's arguments as vLLM's flags, and the server's own."""
+    """`nanoserve serve MODEL`: the engine's flags from EngineArgs (as vLLM's), and the server's own."""
+    from nanoserve.engine.engine_args import EngineArgs
+
     serve = sub.add_parser("serve", help="an OpenAI-compatible HTTP server (like vllm serve)")
     serve.add_argument("model", help="a model directory, a hub id in the local HF cache, or a zoo name")
     serve.add_argument("--host", default="127.0.0.1")
@@ -150,43 +187,17 @@ def add_serve_parser(sub) -> None:
                        help="the model's name in the API (default: MODEL); one name only so far")
     serve.add_argument("--max-waiting-requests", type=_positive_int, default=256,
                        help="requests that may wait beyond the running batch; more get HTTP 503 (default 256)")
-    serve.add_argument("--max-logprobs", type=_non_negative_int, default=20,
-                       help="the most log-probs a request may ask for per token; more get HTTP 400 (default 20)")
-    serve.add_argument("--max-model-len", type=_model_len, default=4096, help="tokens, or like 2k / 2K")
-    serve.add_argument("--max-num-seqs", type=_positive_int, default=256)
-    serve.add_argument("--max-num-batched-tokens", type=_positive_int, default=8192,
-                       help="tokens per step (default 8192, below LLM's 16384: a shorter step keeps TTFT and ITL down)")
-    serve.add_argument("--block-size", type=_positive_int, default=16)
-    serve.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True)
-    serve.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction, default=True)
-    serve.add_argument("--tensor-parallel-size", "-tp", type=_positive_int, default=1)
-    serve.add_argument("--custom-all-reduce", action="store_true",
-                       help="with tensor parallelism, small all-reduces by the one-shot kernel (lesson 07)")
-    serve.add_argument("--disable-custom-all-reduce", action="store_false", dest="custom_all_reduce",
-                       help="NCCL's all-reduce only (the default here; vLLM's flag)")
-    serve.add_argument("--dtype", default="auto", help="auto, bfloat16, float16 or float32")
-    serve.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs, no torch.compile")
-    serve.add_argument("--gpu-memory-utilization", type=float, default=0.9)
-    serve.add_argument("--num-gpu-blocks-override", type=_positive_int, default=None)
-    serve.add_argument("--seed", type=int, default=0)
     serve.add_argument("--trust-request-chat-template", action="store_true",
                        help="let a chat request bring its own chat_template (rendered in transformers' sandbox)")
-    serve.add_argument("--tokenizer", default=None,
-                       help="a tokenizer directory or zoo name of its own (default: the model's); no remote code")
-    serve.add_argument("--generation-config", default="auto",
-                       help="sampling defaults: auto (the checkpoint's generation_config.json), vllm (none) or a folder")
-    serve.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda if available)")
-    # vLLM's deployment flags
     serve.add_argument("--chat-template", default=None,
                        help="a Jinja chat template (a file, or the template itself) in place of the model's")
-    serve.add_argument("--kv-cache-dtype", type=_kv_cache_dtype, default="auto",
-                       help="the KV cache's: auto (the model's dtype), bfloat16, fp8 or fp8_e4m3 (e4m3, scale 1.0)")
     serve.add_argument("--uvicorn-log-level", default="warning",
                        choices=["critical", "error", "warning", "info", "debug", "trace"])
     serve.add_argument("--disable-log-requests", "--disable-log-stats", action="store_true",
                        help="accepted for vLLM's scripts: nanoserve logs neither requests nor periodic stats")
-    serve.add_argument("--trust-remote-code", action=_Refused,
-                       why="nanoserve never runs a checkpoint's own code (tokenizers load without it)")
+    EngineArgs.add_cli_args(serve, SERVE_ENGINE_FLAGS)
+    serve.add_argument("--disable-custom-all-reduce", action="store_false", dest="custom_all_reduce",
+                       help="NCCL's all-reduce only (the default here; vLLM's flag)")
 
 
 def add_bench_serve_parser(sub) -> None:
@@ -308,6 +319,7 @@ def generate(args) -> int:
 
 
 def serve(args) -> int:
+    from nanoserve.engine.engine_args import EngineArgs
     from nanoserve.engine.llm import LLM
     from nanoserve.serve.api_server import serve as serve_http
 
@@ -315,15 +327,7 @@ def serve(args) -> int:
     names = args.served_model_name
     if names and len(names) > 1:
         raise UsageError(f"--served-model-name: one name only so far, got {len(names)}")
-    llm = LLM(args.model, dtype=args.dtype, max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
-              max_num_batched_tokens=args.max_num_batched_tokens, block_size=args.block_size,
-              enable_prefix_caching=args.enable_prefix_caching, enable_chunked_prefill=args.enable_chunked_prefill,
-              enforce_eager=True if args.enforce_eager else None, tensor_parallel_size=args.tensor_parallel_size,
-              custom_all_reduce=args.custom_all_reduce,
-              gpu_memory_utilization=args.gpu_memory_utilization, num_gpu_blocks_override=args.num_gpu_blocks_override,
-              seed=args.seed, device=args.device, max_logprobs=args.max_logprobs,
-              generation_config=args.generation_config, tokenizer=args.tokenizer,
-              kv_cache_dtype=args.kv_cache_dtype)
+    llm = LLM(engine_args=EngineArgs.from_cli_args(args))  # every engine flag (SERVE_ENGINE_FLAGS)
     if args.chat_template is not None:  # vLLM's --chat-template: a file, or the template's text
         path = os.path.expanduser(args.chat_template)
         llm.tokenizer.chat_template = open(path).read() if os.path.isfile(path) else args.chat_template

@@ -217,3 +217,31 @@ def test_vllm_serve_flags(monkeypatch, tmp_path, capsys):
     ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
     assert served["name"] == "mine" and served["log_level"] == "info" and tok.decode(ids) == "<<hi>>"
     assert main(["serve", "tiny-qwen3", "--served-model-name", "a", "b"]) == 2
+
+
+def test_serve_engine_flags_come_from_engine_args(monkeypatch):
+    """`nanoserve serve`'s engine flags are EngineArgs.add_cli_args's: one per setting (but those a server leaves
+    out), each reaching the LLM; serve's own checks, defaults and aliases on top."""
+    import dataclasses
+
+    from nanoserve import cli
+    from nanoserve.engine.engine_args import EngineArgs
+    from nanoserve.serve import api_server
+
+    parser = cli.build_parser()
+    dests = set(vars(parser.parse_args(["serve", "m"])))
+    left_out = {"model", "profiler_config", "disable_log_stats", "logits_processors", "parts"}
+    assert {f.name for f in dataclasses.fields(EngineArgs)} - dests == left_out - {"model"}  # model: positional
+    args = parser.parse_args(["serve", "m", "--no-fused-ops", "--cpu-kv-cache-gib", "0.5", "--no-async-scheduling",
+                              "--no-enforce-eager", "-tp", "1", "--disable-custom-all-reduce"])
+    engine_args = EngineArgs.from_cli_args(args)
+    assert (engine_args.fused_ops, engine_args.cpu_kv_cache_gib, engine_args.async_scheduling,
+            engine_args.enforce_eager, engine_args.custom_all_reduce, engine_args.max_num_batched_tokens) == \
+        (False, 0.5, False, False, False, 8192)  # serve's 8192 tokens a step, not LLM's 16384
+    assert parser.parse_args(["serve", "m"]).enforce_eager is None  # None: eager on a CPU, graphs on a GPU
+    served = {}
+    monkeypatch.setattr(api_server, "serve", lambda llm, name, *a, **kw: served.update(llm=llm))
+    assert main(["serve", "tiny-qwen3", "--device", "cpu", "--no-fused-ops", "--max-num-seqs", "3",
+                 "--num-gpu-blocks-override", "8"]) == 0
+    llm = served["llm"]
+    assert not llm.fused_ops and llm.engine.scheduler.max_num_seqs == 3 and llm.cache.block_manager.num_blocks == 8

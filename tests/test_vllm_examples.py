@@ -4,6 +4,7 @@ sampling, structured outputs."""
 import argparse
 import json
 import re
+from pathlib import Path
 
 import jsonschema
 import pytest
@@ -189,3 +190,171 @@ def test_detokenize_false_gives_token_ids_alone(llm):
     assert [text for _, text, _, _ in llm.stream("Hello", params)] == [""] * 5
     with pytest.raises(ValueError, match="detokenize"):
         SamplingParams(stop=["x"], detokenize=False)
+
+
+def test_metrics_example_counts_what_ran():
+    """vLLM's metrics example: LLM(disable_log_stats=False).get_metrics() gives vLLM's metric objects, whose
+    values are those of the requests that ran (each checked against the outputs' own counts and times)."""
+    from nanoserve.v1.metrics.reader import Counter, Gauge, Histogram, Vector
+
+    with LLM(**MODEL) as plain, pytest.raises(RuntimeError, match="disable_log_stats=False"):
+        plain.get_metrics()
+    llm = LLM(**MODEL, disable_log_stats=False)
+    prompts = PROMPTS + ["The capital of France is Paris. " * 6]  # blocks of 16 tokens: this one fills two
+    outs = llm.generate(prompts, SamplingParams(temperature=0.8, top_p=0.95, max_tokens=6, stop_token_ids=[220]),
+                        use_tqdm=False)
+    outs += llm.generate(prompts[-1:], SamplingParams(temperature=0, max_tokens=3), use_tqdm=False)  # cached now
+    found = {(m.name, m.labels.get("finished_reason")): m for m in llm.get_metrics()}
+    assert not any(isinstance(m, Vector) for m in found.values())
+    assert all(m.labels["model_name"] == "tiny-qwen3" for m in found.values())
+    value = {name: m.value for (name, _), m in found.items() if isinstance(m, (Counter, Gauge)) and _ is None}
+    completions = [o.outputs[0] for o in outs]
+    assert value["vllm:prompt_tokens"] == value["vllm:prefix_cache_queries"] == sum(
+        len(o.prompt_token_ids) for o in outs)
+    assert value["vllm:generation_tokens"] == sum(len(c.token_ids) for c in completions)
+    assert value["vllm:prefix_cache_hits"] == sum(o.num_cached_tokens for o in outs) > 0
+    assert value["vllm:num_requests_running"] == value["vllm:num_requests_waiting"] == 0
+    assert value["vllm:kv_cache_usage_perc"] == 0  # every block is free (or cached, which counts as free)
+    for reason in ("stop", "length"):
+        assert found["vllm:request_success", reason].value == sum(c.finish_reason == reason for c in completions)
+    hist = {name: m for (name, _), m in found.items() if isinstance(m, Histogram)}
+    assert hist["vllm:time_to_first_token_seconds"].sum == pytest.approx(
+        sum(o.metrics.first_token_time - o.metrics.arrival_time for o in outs))
+    itl = hist["vllm:inter_token_latency_seconds"]  # each gap between two tokens of one completion
+    assert itl.count == sum(len(c.token_ids) - 1 for c in completions)
+    assert itl.sum == pytest.approx(sum(o.metrics.last_token_time - o.metrics.first_token_time for o in outs))
+    assert hist["vllm:request_generation_tokens"].sum == value["vllm:generation_tokens"]
+    for h in hist.values():
+        counts = list(h.buckets.values())
+        assert list(h.buckets)[-1] == "+Inf" and counts == sorted(counts) and counts[-1] == h.count == len(outs) \
+            or h.name == "vllm:inter_token_latency_seconds"
+    streamed = [token for _, _, token, _ in llm.stream("Hello", SamplingParams(max_tokens=2)) if token is not None]
+    assert {(m.name, m.labels.get("finished_reason")): m for m in llm.get_metrics()}[
+        "vllm:generation_tokens", None].value == value["vllm:generation_tokens"] + len(streamed)
+
+
+def is_engine_step(name: str) -> bool:
+    """A trace's event for one call of the engine's step (torch's profiler names Python calls `file(line): name`)."""
+    return "nanoserve/engine/llm_engine.py(" in name and name.endswith(": step")
+
+
+def test_profiling_example_writes_a_chrome_trace(tmp_path, monkeypatch):
+    """vLLM's simple_profiling example (its older VLLM_TORCH_PROFILER_DIR, and profiler_config): the trace of
+    the steps between start_profile and stop_profile, in Chrome's JSON; misuse is an error that says so."""
+    import glob
+    import gzip
+
+    monkeypatch.setenv("VLLM_TORCH_PROFILER_DIR", str(tmp_path / "env"))
+    llm = LLM(**MODEL)
+    with pytest.raises(RuntimeError, match="no profile was started"):
+        llm.stop_profile()
+    llm.start_profile()
+    with pytest.raises(RuntimeError, match="already running"):
+        llm.start_profile()
+    llm.generate(PROMPTS, SamplingParams(temperature=0.8, top_p=0.95, max_tokens=3), use_tqdm=False)
+    llm.stop_profile()
+    trace, = glob.glob(str(tmp_path / "env" / "nanoserve_rank0.*.pt.trace.json.gz"))
+    names = [e.get("name", "") for e in json.load(gzip.open(trace))["traceEvents"]]
+    assert sum(is_engine_step(n) for n in names) == 3  # one prefill step (four prompts) and two decode steps
+    assert "Self CPU" in (tmp_path / "env" / "profiler_out_0.txt").read_text()
+    monkeypatch.delenv("VLLM_TORCH_PROFILER_DIR")
+    with pytest.raises(RuntimeError, match="no profiler is configured"):
+        LLM(**MODEL).start_profile()
+    # profiler_config, as vLLM 0.33's example and run_one_batch.py give it: skip one step, then record two
+    config = {"profiler": "torch", "torch_profiler_dir": str(tmp_path / "cfg"), "torch_profiler_use_gzip": False,
+              "torch_profiler_dump_cuda_time_total": False, "delay_iterations": 1, "max_iterations": 2}
+    llm = LLM(**MODEL, profiler_config=config)
+    llm.start_profile(profile_prefix="mine")
+    llm.generate(PROMPTS[:1], SamplingParams(max_tokens=6), use_tqdm=False)
+    assert "step" not in vars(llm.engine)  # max_iterations ended it: the engine's own step is back
+    llm.stop_profile()
+    trace, = glob.glob(str(tmp_path / "cfg" / "mine_rank0.*.pt.trace.json"))
+    assert sum(is_engine_step(e.get("name", "")) for e in json.load(open(trace))["traceEvents"]) == 2
+    assert sorted(p.name for p in (tmp_path / "cfg").iterdir()) == [Path(trace).name]
+    for bad, says in [({"profiler": "torch"}, "needs torch_profiler_dir"), ({"profiler": "nsys"}, "'torch' or 'cuda'"),
+                      ({**config, "ignore_frontend": True}, "ignore_frontend"), ({"profile": "torch"}, "unknown")]:
+        with pytest.raises(ValueError, match=says):
+            EngineArgs(model="tiny-qwen3", profiler_config=bad)
+
+
+def test_run_one_batch_example_profiles_the_prefill(tmp_path):
+    """vLLM's run_one_batch.py: EngineArgs' flags, nanoserve.config.ProfilerConfig, min_tokens = max_tokens."""
+    from nanoserve.config import ProfilerConfig
+    from nanoserve.utils.argparse_utils import FlexibleArgumentParser
+
+    parser = FlexibleArgumentParser()
+    EngineArgs.add_cli_args(parser)
+    parser.set_defaults(model="tiny-qwen3")
+    args = vars(parser.parse_args(["--device", "cpu", "--max-model-len", "256", "--num-gpu-blocks-override", "64"]))
+    args["profiler_config"] = ProfilerConfig(profiler="torch", torch_profiler_dir=str(tmp_path), max_iterations=1)
+    llm = LLM(**args)
+    params = llm.get_default_sampling_params()
+    params.max_tokens = params.min_tokens = 16
+    params.ignore_eos = True
+    llm.start_profile()
+    outs = llm.generate(["Hello, my name is" * 4] * 2, params, use_tqdm=False)
+    llm.stop_profile()
+    assert [len(o.outputs[0].token_ids) for o in outs] == [16, 16]
+    assert len(list(tmp_path.glob("nanoserve_rank0.*.pt.trace.json.gz"))) == 1
+    parsed = parser.parse_args(["--profiler-config", '{"profiler": "torch", "torch_profiler_dir": "x"}'])
+    assert EngineArgs.from_cli_args(parsed).profiler_config.torch_profiler_dir == str(Path("x").resolve())
+
+
+def test_llm_engine_reset_kv_example():
+    """vLLM's llm_engine_reset_kv.py: `from nanoserve import LLMEngine`, requests added by id and stepped, the prefix
+    cache reset mid-run with reset_running_requests (the running request is recomputed: the same greedy text)."""
+    from nanoserve import LLMEngine, RequestOutput
+    from nanoserve.utils.argparse_utils import FlexibleArgumentParser
+
+    parser = EngineArgs.add_cli_args(FlexibleArgumentParser())
+    args = parser.parse_args(["--model", "tiny-qwen3", "--device", "cpu", "--max-model-len", "256",
+                              "--num-gpu-blocks-override", "64"])
+    engine = LLMEngine.from_engine_args(EngineArgs.from_cli_args(args))
+    params = SamplingParams(temperature=0.0, logprobs=1, prompt_logprobs=1, max_tokens=16, ignore_eos=True)
+    prompts, finished, step, moved = [("A robot may not injure a human being", params)] * 2, [], 0, []
+    while prompts or engine.has_unfinished_requests():
+        if prompts:
+            engine.add_request(str(len(prompts)), *prompts.pop(0))
+        if step == 10:
+            assert engine.reset_prefix_cache() is False  # requests hold blocks
+            assert engine.reset_prefix_cache(reset_running_requests=True) is True
+        outputs: list[RequestOutput] = engine.step()
+        moved += outputs
+        finished += [o for o in outputs if o.finished]
+        step += 1
+    want = LLM(**MODEL).generate("A robot may not injure a human being", params, use_tqdm=False)[0]
+    assert sorted(o.request_id for o in finished) == ["1", "2"]
+    for out in finished:
+        assert out.outputs[0].token_ids == want.outputs[0].token_ids and out.outputs[0].text == want.outputs[0].text
+        assert len(out.prompt_logprobs) == len(out.prompt_token_ids) and len(out.outputs[0].logprobs) == 16
+    partial = [o for o in moved if not o.finished]
+    assert partial and all(want.outputs[0].text.startswith(o.outputs[0].text) for o in partial)
+    with pytest.raises(ValueError, match="already running"):
+        engine.add_request("3", "x", params) or engine.add_request("3", "x", params)
+
+
+def test_prefix_caching_example_frees_the_first_llm_between_two():
+    """vLLM's prefix_caching example: `del llm; cleanup_dist_env_and_memory()` before the second LLM."""
+    import weakref
+
+    from nanoserve.distributed import cleanup_dist_env_and_memory
+
+    llm = LLM(**MODEL)
+    llm.generate(PROMPTS[:1], SamplingParams(max_tokens=2), use_tqdm=False)
+    model = weakref.ref(llm.model)
+    del llm
+    cleanup_dist_env_and_memory()
+    assert model() is None
+
+
+def test_what_nanoserve_does_not_do_is_refused_by_name():
+    """LoRA, pooling models, YaRN's longer context...: an error naming the feature, never a setting ignored."""
+    for setting, says in [("enable_lora", "LoRA"), ("runner", "pooling"),
+                          ("hf_overrides", "overriding the checkpoint's config")]:
+        with pytest.raises(TypeError, match=f"{setting} \\({says}"):
+            LLM("tiny-qwen3", **{setting: True})
+    with LLM(**MODEL) as llm:
+        for method in ("embed", "classify", "score", "reward", "encode"):
+            with pytest.raises(AttributeError, match=f"LLM.{method}: pooling models"):
+                getattr(llm, method)
+        assert not hasattr(llm, "sleep")

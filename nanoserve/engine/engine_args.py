@@ -157,6 +157,8 @@ class EngineArgs:
     generation_config: str = "auto"  # sampling defaults: "auto" (the checkpoint's), "vllm" (none) or a folder
     tokenizer: str | None = None  # a tokenizer directory or zoo name of its own (None: the model's)
     trust_remote_code: bool = False  # vLLM's; nanoserve never runs a checkpoint's own code, so only False
+    disable_log_stats: bool = True  # vLLM's (True for an LLM); False: the LLM keeps get_metrics()'s
+    profiler_config: dict | None = None  # vLLM's, for LLM.start_profile: a nanoserve.config.ProfilerConfig
     # vLLM's logits_processors: LogitsProcessor classes of your own (engine/features.py), for the requests
     # each wants (its wanted(params); by default those whose SamplingParams.extra_args name the class)
     logits_processors: tuple = ()
@@ -178,7 +180,7 @@ class EngineArgs:
         if isinstance(self.seed, bool) or not isinstance(self.seed, int):
             raise ValueError(f"seed must be an integer, got {self.seed!r}")
         for name in ("enable_prefix_caching", "enable_chunked_prefill", "custom_all_reduce", "fused_ops",
-                     "enforce_eager", "async_scheduling"):
+                     "enforce_eager", "async_scheduling", "disable_log_stats"):
             value = getattr(self, name)
             if not isinstance(value, bool) and not (value is None and name in ("enforce_eager", "async_scheduling")):
                 raise ValueError(f"{name} must be True or False, got {value!r}")
@@ -198,25 +200,36 @@ class EngineArgs:
         if self.trust_remote_code is not False:
             raise ValueError("trust_remote_code: nanoserve never runs a checkpoint's own code (only False is "
                              f"supported), got {self.trust_remote_code!r}")
+        if self.profiler_config is not None:  # a ProfilerConfig or a dict of its fields (config.py)
+            self.profiler_config = import_part("nanoserve.config:ProfilerConfig").of(
+                self.profiler_config)
         if isinstance(self.parts, dict):  # dataclasses.asdict(engine_args) turns it into one
             self.parts = EngineParts(**self.parts)
         if not isinstance(self.parts, EngineParts):
             raise ValueError(f"parts must be an EngineParts, got {type(self.parts).__name__}")
 
     @classmethod
-    def add_cli_args(cls, parser):
-        """vLLM's: a flag for each setting a command line can hold, named as the field (--max-model-len; a yes/no
-        setting also --no-enable-prefix-caching), with the field's default; from_cli_args reads them back."""
+    def add_cli_args(cls, parser, flags: dict | None = None):
+        """vLLM's: a flag for each setting a command line can hold, named as the field
+        (--max-model-len; a yes/no setting also --no-enable-prefix-caching; a dict as JSON), with the
+        field's default; from_cli_args reads them back. flags: a command's own take on some settings,
+        {name: add_argument's keywords to change (and "aliases": more flag names), or None: no flag}."""
         group = parser.add_argument_group("engine arguments (EngineArgs)")
         for setting in dataclasses.fields(cls):
-            if setting.name in ("logits_processors", "parts"):  # Python objects: no command line holds them
+            mine = (flags or {}).get(setting.name, {})
+            if setting.name in ("logits_processors", "parts") or mine is None:  # (Python objects)
                 continue
             flag, kinds = "--" + setting.name.replace("_", "-"), typing.get_args(setting.type) or (setting.type,)
             if bool in kinds:
-                group.add_argument(flag, action=argparse.BooleanOptionalAction, default=setting.default)
+                how = dict(action=argparse.BooleanOptionalAction, default=setting.default,
+                           help="default: %(default)s")
             else:
                 kind = int if int in kinds else float if float in kinds else str
-                group.add_argument(flag, type=kind, default=setting.default, metavar=setting.name.upper())
+                kind = json.loads if dict in kinds else kind
+                how = dict(type=kind, default=setting.default, metavar=setting.name.upper(),
+                           help="default: %(default)s")
+            how |= mine
+            group.add_argument(flag, *how.pop("aliases", ()), **how)
         return parser
 
     @classmethod

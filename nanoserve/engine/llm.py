@@ -13,13 +13,14 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from nanoserve.engine.engine_args import EngineArgs, KV_CACHE_DTYPES, generation_defaults, num_kv_blocks, resolve_device, resolve_dtype
+from nanoserve.engine.engine_args import EngineArgs, KV_CACHE_DTYPES, generation_defaults, import_part, num_kv_blocks, resolve_device, resolve_dtype
 from nanoserve.engine.llm_engine import LLMEngine
 from nanoserve.engine.model_runner import ModelRunner
 from nanoserve.engine.output_router import OutputRouter
 from nanoserve.engine.sampling_params import InvalidParameter, SamplingParams
 from nanoserve.engine.sequence import Sequence, SequenceStatus
 
+STATS = "nanoserve.v1.metrics.stats:RequestStats"  # what LLM(disable_log_stats=False) keeps
 PROMPT_FORMS = ("a prompt is a string, a list of token ids, {'prompt': str} or {'prompt_token_ids': [...]} "
                 "(or a list of these); chat messages go to LLM.chat")
 
@@ -160,7 +161,10 @@ class LLM:
         args = settings.pop("engine_args", None)
         if args is not None and (model is not None or settings):
             raise TypeError("LLM: give engine_args alone (LLM.from_engine_args), or a model and its settings")
-        self.args = args = args if args is not None else EngineArgs(model, **settings)
+        try:
+            self.args = args = args if args is not None else EngineArgs(model, **settings)
+        except TypeError as e:  # a setting EngineArgs lacks: vLLM's that nanoserve refuses say so
+            raise import_part("nanoserve.config:unsupported")(settings, e) from None
         from nanoserve.model.loader import eos_token_ids, load_model, load_tokenizer
         from nanoserve.model.zoo import resolve_model
 
@@ -193,6 +197,9 @@ class LLM:
         self.max_logprobs = args.max_logprobs  # as vLLM: the most log-probs a request may ask for per token
         self._engine = None
         self.router = OutputRouter()  # seq_id -> the deque of the call that owns it
+        # vLLM's metrics (kept with disable_log_stats=False) and profiles: imported if asked for
+        self.stats = None if args.disable_log_stats else import_part(STATS)(self.max_model_len)
+        self.profiler = None
 
     @classmethod
     def from_engine_args(cls, engine_args: EngineArgs) -> "LLM":
@@ -259,6 +266,20 @@ class LLM:
         manager = self.cache.block_manager
         return manager.reset() if hasattr(manager, "reset") else True  # no prefix cache: nothing to forget
 
+    def get_metrics(self) -> list:
+        """vLLM's metric objects (v1/metrics/reader.py); needs LLM(disable_log_stats=False)."""
+        return import_part("nanoserve.v1.metrics.reader:snapshot")(self)
+
+    def start_profile(self, profile_prefix: str | None = None) -> None:
+        """vLLM's: torch's profiler until stop_profile, as profiler_config says (profiler.py)."""
+        import_part("nanoserve.profiler:start_profile")(self, profile_prefix)
+
+    def stop_profile(self) -> None:
+        import_part("nanoserve.profiler:stop_profile")(self)
+
+    def __getattr__(self, name: str):  # only for a name LLM lacks: vLLM's pooling methods say why
+        raise import_part("nanoserve.config:no_attribute")(name)
+
     def shutdown(self) -> None:
         """Free the model and the KV pool now (a `with LLM(...) as llm:` block does it on exit)."""
         self._engine, self.model, self.router = None, None, OutputRouter()
@@ -322,7 +343,7 @@ class LLM:
     def _run(self, seqs: dict):
         """Yield this call's Deltas, in the order they are made, until all its sequences are finished. Steps
         are shared: deltas of other calls' sequences go to their own callers' queues."""
-        queue = deque()  # this call's deltas, not yet yielded
+        queue = deque() if self.stats is None else self.stats.watch()  # this call's deltas, unread
         self.router.add((seq for _, seq in seqs.values()), queue)
         try:
             unfinished = len(seqs)
