@@ -191,6 +191,12 @@ def add_serve_parser(sub) -> None:
                        help="let a chat request bring its own chat_template (rendered in transformers' sandbox)")
     serve.add_argument("--chat-template", default=None,
                        help="a Jinja chat template (a file, or the template itself) in place of the model's")
+    serve.add_argument("--enable-request-id-headers", action="store_true",
+                       help="every response carries X-Request-Id (the client's, or one made for it)")
+    serve.add_argument("--return-tokens-as-token-ids", action="store_true",
+                       help="log-probs name their tokens 'token_id:N' unless a request says otherwise")
+    serve.add_argument("--enable-force-include-usage", action="store_true",
+                       help="every stream ends with a usage chunk, as with stream_options.include_usage")
     serve.add_argument("--uvicorn-log-level", default="warning",
                        choices=["critical", "error", "warning", "info", "debug", "trace"])
     serve.add_argument("--disable-log-requests", "--disable-log-stats", action="store_true",
@@ -337,7 +343,10 @@ def serve(args) -> int:
         print("nanoserve: the API key is VLLM_API_KEY's (from the environment)", flush=True)
     serve_http(llm, names[0] if names else args.model, args.host, args.port, args.max_waiting_requests,
                api_key, log_level=args.uvicorn_log_level,
-               trust_request_chat_template=args.trust_request_chat_template)
+               trust_request_chat_template=args.trust_request_chat_template,
+               enable_request_id_headers=args.enable_request_id_headers,
+               return_tokens_as_token_ids=args.return_tokens_as_token_ids,
+               enable_force_include_usage=args.enable_force_include_usage)
     return 0
 
 

@@ -216,6 +216,11 @@ def test_vllm_serve_flags(monkeypatch, tmp_path, capsys):
     ids = tok.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=True)
     ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
     assert served["name"] == "mine" and served["log_level"] == "info" and tok.decode(ids) == "<<hi>>"
+    options = ("enable_request_id_headers", "return_tokens_as_token_ids", "enable_force_include_usage")
+    assert not any(served[o] for o in options)  # off unless asked, and each flag reaches the app
+    assert main(["serve", "tiny-qwen3", "--device", "cpu", "--num-gpu-blocks-override", "16",
+                 *("--" + o.replace("_", "-") for o in options)]) == 0
+    assert all(served[o] is True for o in options)
     assert main(["serve", "tiny-qwen3", "--served-model-name", "a", "b"]) == 2
 
 

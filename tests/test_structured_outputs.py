@@ -190,7 +190,6 @@ def test_auto_tool_calls_are_parsed_out_of_the_text():
 @pytest.mark.parametrize("body, param", [
     ({"tool_choice": "required"}, "tool_choice"),
     ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice"),
-    ({"tools": [WEATHER], "stream": True}, "tools"),
     ({"tools": [{"type": "function", "function": {"parameters": {}}}]}, "tools"),
     ({"tools": [WEATHER], "tool_choice": "required", "response_format": {"type": "json_object"}}, "tool_choice"),
 ])

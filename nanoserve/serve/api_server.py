@@ -4,13 +4,16 @@
 """An OpenAI-compatible HTTP server over the async engine (FastAPI + uvicorn), like `vllm serve`.
 
     GET  /health               200 while the engine loop runs (and /ping, vLLM's other name)
-    GET  /version, /metrics    the version; Prometheus text (nanoserve:num_requests_running, ...)
+    GET  /version, /metrics    the version; Prometheus text (nanoserve:num_requests_running, ..., and the same
+                               series under vLLM's names, vllm:num_requests_running, ...)
     GET  /v1/models            the one model served
     POST /v1/completions       a prompt (text or token ids) -> text; stream: true for server-sent events
     POST /v1/chat/completions  messages, through the model's chat template -> a message
     POST /tokenize, /detokenize; GET /tokenizer_info   vLLM's tokenizer routes
 
-With an API key, every route but /health, /ping, /version and /metrics needs it.
+With an API key, every route but /health, /ping, /version and /metrics needs it. A field of a request body
+that nothing here knows is ignored, as vLLM ignores it, and named in one warning per request; a field we know
+and do not implement is refused by name (protocol.REFUSED).
 
 Faults, every one answered with OpenAI's error JSON: a bad request gets HTTP 400 naming the parameter and
 changes nothing else (limits: n <= 128, log-probs <= the LLM's max_logprobs, a body <= 8 MiB by default,
@@ -24,8 +27,10 @@ import asyncio
 import logging
 import secrets
 import signal
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
+from dataclasses import replace
 
 import uvicorn
 from fastapi import APIRouter, FastAPI, Request
@@ -40,7 +45,7 @@ from nanoserve.features.structured_outputs import ll_tokenizer
 from nanoserve.serve.async_engine import AsyncEngine, EngineStopped, QueueFull, RequestFailed, RequestStream
 from nanoserve.serve.chat_template import TemplateRefused, TemplateWorkers, check_variables, render
 from nanoserve.serve.metrics import ServerMetrics
-from nanoserve.serve.protocol import BadRequest, ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest, chat_logprobs, chat_response, check_limits, chunk, completion_logprobs, completion_response, conversation, error_body, new_id, parse_body, parse_tool_calls, prompt_logprobs_json, sampling_params, sse, structured_output_spec, tool_call_grammar, tool_call_tokens, tool_choice, usage
+from nanoserve.serve.protocol import BadRequest, ChatCompletionRequest, CompletionRequest, DetokenizeRequest, SamplingRequest, TokenizeRequest, ToolCallText, chat_logprobs, chat_response, check_limits, chunk, completion_logprobs, completion_response, conversation, error_body, ignored_fields, new_id, parse_body, parse_tool_calls, prompt_logprobs_json, refuse_misplaced, sampling_params, sse, stream_usage, structured_output_spec, tool_call_grammar, tool_call_tokens, tool_choice, usage
 
 MAX_BODY_BYTES = 8 * 2**20  # 8 MiB: a prompt that fits max_model_len is far smaller, as text or as token ids
 OPEN_ROUTES = {"/health", "/ping", "/version", "/metrics"}  # what answers without the API key: no request's text
@@ -115,11 +120,38 @@ class GuardV1:
         await self.app(scope, replay, send)
 
 
+class RequestIdHeader:
+    """ASGI middleware, vLLM's --enable-request-id-headers: every response carries an X-Request-Id header, the
+    request's own (a proxy's or client's X-Request-Id, which also names the completion: "cmpl-<id>") or a new
+    one, so that a client's logs, a proxy's and ours can be matched."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        request_id = dict(scope["headers"]).get(b"x-request-id") or uuid.uuid4().hex.encode()
+
+        async def send_with_id(message):
+            if message["type"] == "http.response.start":
+                message = {**message, "headers": [*message.get("headers", []), (b"x-request-id", request_id)]}
+            await send(message)
+
+        await self.app(scope, receive, send_with_id)
+
+
 def build_app(llm, model_name: str, max_waiting_requests: int = 256, api_key: str | None = None,
-              max_body_bytes: int = MAX_BODY_BYTES, trust_request_chat_template: bool = False) -> FastAPI:
-    """The app for one loaded LLM. Its AsyncEngine starts with the server's event loop (lifespan).
-    trust_request_chat_template: a chat request may bring its own template (vLLM's flag of that name), which
-    is rendered in a worker process with a time, memory and size budget (chat_template.TemplateWorkers)."""
+              max_body_bytes: int = MAX_BODY_BYTES, trust_request_chat_template: bool = False,
+              enable_request_id_headers: bool = False, return_tokens_as_token_ids: bool = False,
+              enable_force_include_usage: bool = False) -> FastAPI:
+    """The app for one loaded LLM. Its AsyncEngine starts with the server's event loop (lifespan). The
+    keywords are `vllm serve`'s flags of those names:
+    trust_request_chat_template: a chat request may bring its own template, which is rendered in a worker
+    process with a time, memory and size budget (chat_template.TemplateWorkers);
+    enable_request_id_headers: every response carries X-Request-Id (RequestIdHeader);
+    return_tokens_as_token_ids: log-probs name their tokens "token_id:N" unless a request says otherwise;
+    enable_force_include_usage: every stream ends with a usage chunk, as with stream_options.include_usage."""
     metrics = ServerMetrics(model_name)
     tokenizer = llm.tokenizer
     max_logprobs = getattr(llm, "max_logprobs", 20)  # the LLM's cap (vLLM's default: 20)
@@ -146,6 +178,8 @@ def build_app(llm, model_name: str, max_waiting_requests: int = 256, api_key: st
     app = FastAPI(title="nanoserve", lifespan=lifespan)
     app.state.template_workers = template_workers
     app.add_middleware(GuardV1, api_key=api_key, max_body_bytes=max_body_bytes)  # the API key, the body's checks
+    if enable_request_id_headers:  # added last, so outermost: a 401 or 400 from GuardV1 carries the id too
+        app.add_middleware(RequestIdHeader)
 
     # Errors, all in OpenAI's shape.
     @app.exception_handler(RequestValidationError)
@@ -154,9 +188,6 @@ def build_app(llm, model_name: str, max_waiting_requests: int = 256, api_key: st
         fields = [str(p) for p in first["loc"] if p != "body"]
         param = fields[0] if fields else None  # the request's field (deeper parts name pydantic's union types)
         message = f"{param}: {first['msg']}" if param else first["msg"]
-        if first["type"] == "extra_forbidden":  # a field we do not know: refused, never silently ignored
-            unknown = ".".join(fields)
-            message = f"{unknown}: unknown parameter (nanoserve refuses what it does not implement)"
         return error_response(400, "invalid_request_error", message, param)
 
     @app.exception_handler(BadRequest)
@@ -190,9 +221,28 @@ def build_app(llm, model_name: str, max_waiting_requests: int = 256, api_key: st
     def engine(request: Request) -> AsyncEngine:
         return request.app.state.engine
 
-    def check_model(name: str | None) -> None:
-        if name is not None and name != model_name:
-            raise ModelNotFound(f"model {name!r} is not served here; this server serves {model_name!r}")
+    def check_request(body) -> None:
+        """The model a request names must be ours, and it holds no field of the other generation endpoint. Its
+        fields that nothing here knows are ignored, as vLLM ignores them, and named in one warning (repr: a
+        field's name is the client's text, newlines and all)."""
+        if body.model is not None and body.model != model_name:
+            raise ModelNotFound(f"model {body.model!r} is not served here; this server serves {model_name!r}")
+        if isinstance(body, SamplingRequest):
+            refuse_misplaced(body)
+        ignored = ignored_fields(body)
+        if ignored:
+            logger.warning("a request's fields were ignored (not known here): %.500s", ", ".join(map(repr, ignored)))
+
+    def response_id(prefix: str, body, request: Request) -> str:
+        """The response's id, as vLLM's: "<prefix>-" and the request's X-Request-Id header, else its request_id
+        field, else a new one."""
+        given = request.headers.get("x-request-id") or body.request_id
+        return f"{prefix}-{given}" if given else new_id(prefix)
+
+    def as_ids(body) -> bool:
+        """Whether log-probs name their tokens "token_id:N": the request's choice, else the server's."""
+        asked = body.return_tokens_as_token_ids
+        return return_tokens_as_token_ids if asked is None else asked
 
     async def chat_prompt(turns: list[dict], body) -> list[int]:
         """The turns through the chat template, as token ids (Qwen3's thinking off unless the request's
@@ -304,36 +354,59 @@ def build_app(llm, model_name: str, max_waiting_requests: int = 256, api_key: st
             for task in tasks:
                 task.cancel()
 
-    async def events(streams: list[RequestStream], request_id: str, chat: bool, options):
+    async def events(streams: list[RequestStream], request_id: str, chat: bool, body, tools: str | None = None):
         """The server-sent events of one streamed request (a batch of prompts: choice i * n + k is prompt i's
-        completion k), ending in `data: [DONE]`. options: the request's stream_options (or None)."""
-        params = streams[0].params
+        completion k), ending in `data: [DONE]`. body: the request (its stream_options, return_token_ids, ...).
+        With return_token_ids each chunk's choice carries its tokens' ids, and the prompt's ids come once: in a
+        chat's first chunk, in a completion's first chunk of each choice (vLLM's places for them). tools: a
+        chat's tool_choice; with tools, each choice's tool calls go out as tool-call deltas (ToolCallText), and
+        the tokens of a call's block go out with the chunk that carries the call."""
+        params, token_ids, named = streams[0].params, bool(body.return_token_ids), as_ids(body)
         counts, top, tail = [0] * (params.n * len(streams)), params.logprobs or 0, None
-        include_usage = options is not None and options.include_usage
+        calls = [ToolCallText(tool_tokens, body.parallel_tool_calls is not False) for _ in counts] \
+            if tools not in (None, "none") else None
+        held: list[list] = [[] for _ in counts]  # each choice's tokens not sent yet (a tool call's block)
+        include_usage, continuous = stream_usage(body.stream_options, enable_force_include_usage)
         prompt_tokens = sum(len(s.prompt_ids) for s in streams)
         # vLLM's continuous_usage_stats: each chunk's usage is the counts so far (guidellm times tokens by them)
-        so_far = (lambda: usage(prompt_tokens, sum(counts))) if include_usage and options.continuous_usage_stats \
-            else (lambda: None)
+        so_far = (lambda: usage(prompt_tokens, sum(counts))) if continuous else (lambda: None)
         try:
             if chat:  # the first chunk of each choice names the role, as OpenAI's does
-                yield sse(chunk(request_id, model_name, True,
-                                [{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                                  "finish_reason": None} for i in range(params.n)], so_far(), include_usage))
+                first = chunk(request_id, model_name, True,
+                              [{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                                "finish_reason": None} for i in range(params.n)], so_far(), include_usage)
+                yield sse(first | ({"prompt_token_ids": streams[0].prompt_ids} if token_ids else {}))
             async for which, delta in merged(streams):
                 index = which * params.n + delta.index
                 counts[index] += 1
-                choice = {"index": index, "finish_reason": delta.finish_reason, "logprobs": None}
+                held[index].append(delta)
+                message = {"content": delta.text} if calls is None else \
+                    calls[index].feed(delta.token_id, delta.text, delta.finished)
+                if message is None:  # inside a tool call's block: it goes out when the block closes
+                    continue
+                sent, held[index] = held[index], []
+                finish = delta.finish_reason
+                if calls is not None and calls[index].calls and finish == "stop":
+                    finish = "tool_calls"
+                choice = {"index": index, "finish_reason": finish, "logprobs": None}
+                scored = [d for d in sent if d.logprobs is not None]
+                ids, steps = [d.token_id for d in scored], [d.logprobs for d in scored]
                 if chat:
-                    choice["delta"] = {"content": delta.text}
-                    if delta.logprobs is not None:
-                        choice["logprobs"] = chat_logprobs(tokenizer, [delta.token_id], [delta.logprobs], top)
+                    choice["delta"] = message
+                    if scored:
+                        choice["logprobs"] = chat_logprobs(tokenizer, ids, steps, top, named)
                 else:
                     choice["text"] = delta.text
-                    if delta.logprobs is not None:
-                        choice["logprobs"] = completion_logprobs(tokenizer, [delta.token_id], [delta.logprobs])
+                    if scored:
+                        choice["logprobs"] = completion_logprobs(tokenizer, ids, steps, as_ids=named)
+                    if token_ids and counts[index] == 1:
+                        choice["prompt_token_ids"] = streams[which].prompt_ids
+                if token_ids:
+                    choice["token_ids"] = [d.token_id for d in sent]
                 yield sse(chunk(request_id, model_name, chat, [choice], so_far(), include_usage))
             if include_usage:
-                yield sse(chunk(request_id, model_name, chat, [], usage(prompt_tokens, sum(counts)), True))
+                totals = usage(prompt_tokens, sum(counts), sum(s.seqs[0].num_cached_tokens for s in streams))
+                yield sse(chunk(request_id, model_name, chat, [], totals, True))
         except (EngineStopped, RuntimeError) as e:  # the server is stopping, or a step failed
             tail = error_body(str(e), "server_error", 503 if isinstance(e, EngineStopped) else 500)
         finally:
@@ -362,7 +435,7 @@ def build_app(llm, model_name: str, max_waiting_requests: int = 256, api_key: st
     @app.post("/tokenize")
     async def tokenize(body: TokenizeRequest):
         """A prompt's token ids, or a conversation's through the chat template, as a completion would see them."""
-        check_model(body.model)
+        check_request(body)
         if (body.prompt is None) == (body.messages is None):
             raise BadRequest("give a prompt or messages (one of them)", "prompt")
         if body.prompt is not None:
@@ -381,7 +454,7 @@ def build_app(llm, model_name: str, max_waiting_requests: int = 256, api_key: st
 
     @app.post("/detokenize")
     async def detokenize(body: DetokenizeRequest):
-        check_model(body.model)
+        check_request(body)
         vocab = llm.model.config.vocab_size
         if not all(0 <= t < vocab for t in body.tokens):
             raise BadRequest(f"tokens must be token ids in [0, {vocab})", "tokens")
@@ -392,19 +465,23 @@ def build_app(llm, model_name: str, max_waiting_requests: int = 256, api_key: st
         return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
     @v1.get("/models")
-    async def models():
-        return {"object": "list", "data": [{"id": model_name, "object": "model", "created": 0,
-                                           "owned_by": "nanoserve", "max_model_len": llm.max_model_len}]}
+    async def models():  # root: the checkpoint the served name stands for, as vLLM's model cards say
+        root = getattr(getattr(llm, "args", None), "model", model_name)
+        return {"object": "list", "data": [{"id": model_name, "object": "model", "created": 0, "owned_by": "nanoserve",
+                                           "root": root, "parent": None, "max_model_len": llm.max_model_len}]}
 
     @v1.post("/completions")
     async def completions(body: CompletionRequest, request: Request):
-        check_model(body.model)
+        check_request(body)
         check_limits(body, max_logprobs)
         prompts = body.prompt if isinstance(body.prompt, list) and body.prompt and not isinstance(body.prompt[0], int) \
             else [body.prompt]  # a batch: a list of strings, or of token-id lists
         if body.echo and body.stream:
             raise BadRequest("echo cannot be streamed yet: send it with stream: false", "echo")
-        params = sampling_params(body, body.max_tokens, body.logprobs, default_max_tokens=16,
+        # echo with max_tokens 0 (lm-evaluation-harness's scoring): the prompt and its log-probs, nothing new.
+        # The engine makes one token, as vLLM's does, which the response leaves out.
+        echo_only = body.echo and body.max_tokens == 0
+        params = sampling_params(body, 1 if echo_only else body.max_tokens, body.logprobs, default_max_tokens=16,
                                  defaults=sampling_defaults)
         if body.echo and body.logprobs is not None:  # the echoed prompt's tokens come with their log-probs
             params = params.clone(prompt_logprobs=max(body.logprobs, params.prompt_logprobs or 0))
@@ -419,9 +496,9 @@ def build_app(llm, model_name: str, max_waiting_requests: int = 256, api_key: st
                     ids = prompt
                 texts.append(prompt if isinstance(prompt, str) else None)
                 streams.append(await start(request, ids, params, stream_text=body.stream))
-            request_id = f"cmpl-{body.request_id}" if body.request_id else new_id("cmpl")  # vLLM's request_id
+            request_id = response_id("cmpl", body, request)
             if body.stream:
-                return streaming(events(streams, request_id, False, body.stream_options))
+                return streaming(events(streams, request_id, False, body))
             for stream in streams:
                 await wait_for_all(stream, request)
         except ClientGone:  # nobody to answer: the requests are aborted, and nothing is logged
@@ -435,26 +512,32 @@ def build_app(llm, model_name: str, max_waiting_requests: int = 256, api_key: st
         return await asyncio.to_thread(completion_json, body, request_id, streams, texts)  # decodes: not here
 
     def completion_json(body, request_id: str, streams: list[RequestStream], texts: list) -> dict:
-        choices = []
+        choices, token_ids, named = [], bool(body.return_token_ids), as_ids(body)
         for i, (stream, text) in enumerate(zip(streams, texts)):  # OpenAI's order: prompt by prompt, n choices each
             prompt_scores = stream.seqs[0].prompt_logprobs  # the request's first completion scores the prompt
             scored_json = prompt_logprobs_json(tokenizer, prompt_scores if body.prompt_logprobs is not None else None)
             for seq in sorted(stream.seqs, key=lambda s: s.index):
                 out = seq.completion()
-                ids, steps, echoed = out.token_ids, seq.logprobs, ""
+                if body.echo and body.max_tokens == 0:  # echo alone: the token made is not part of the answer
+                    out = replace(out, token_ids=[], text="", finish_reason="length", stop_reason=None)
+                ids, steps, echoed = out.token_ids, seq.logprobs and seq.logprobs[:len(out.token_ids)], ""
                 if body.echo:  # the prompt (its text as given, or its ids decoded) in front of the completion
                     echoed = text if text is not None else tokenizer.decode(stream.prompt_ids)
                     ids, steps = stream.prompt_ids + ids, prompt_scores + steps if steps is not None else None
-                logprobs = completion_logprobs(tokenizer, ids, steps) if steps is not None else None
+                logprobs = completion_logprobs(tokenizer, ids, steps, as_ids=named) if steps is not None else None
                 choices.append({"index": i * body.n + seq.index, "text": echoed + out.text, "logprobs": logprobs,
                                 "finish_reason": out.finish_reason, "stop_reason": out.stop_reason,
-                                "prompt_logprobs": scored_json})
-        generated = sum(len(s.output_ids) for stream in streams for s in stream.seqs)
-        return completion_response(request_id, model_name, choices, sum(len(s.prompt_ids) for s in streams), generated)
+                                "prompt_logprobs": scored_json,
+                                "prompt_token_ids": stream.prompt_ids if token_ids else None,
+                                "token_ids": out.token_ids if token_ids else None})
+        generated = 0 if body.echo and body.max_tokens == 0 else \
+            sum(len(s.output_ids) for stream in streams for s in stream.seqs)
+        return completion_response(request_id, model_name, choices, sum(len(s.prompt_ids) for s in streams), generated,
+                                   sum(s.seqs[0].num_cached_tokens for s in streams))
 
     @v1.post("/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request):
-        check_model(body.model)
+        check_request(body)
         check_limits(body, max_logprobs)
         if not body.messages:
             raise BadRequest("messages must not be empty", "messages")
@@ -462,8 +545,6 @@ def build_app(llm, model_name: str, max_waiting_requests: int = 256, api_key: st
         if body.top_logprobs is not None and not body.logprobs:
             raise BadRequest("top_logprobs needs logprobs: true", "top_logprobs")
         tools = tool_choice(body, tool_tokens)  # None (no tools), "none", "auto", "required" or a tool's name
-        if body.stream and tools not in (None, "none"):
-            raise BadRequest("tools cannot be streamed yet (the calls are parsed from the whole answer)", "tools")
         prompt_ids = await chat_prompt(conversation(body.messages), body)
         max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
         params = sampling_params(body, max_tokens, top if body.logprobs else None,
@@ -477,9 +558,9 @@ def build_app(llm, model_name: str, max_waiting_requests: int = 256, api_key: st
         spec = structured_output_spec(body)
         await prepare_request(params, "tools" if tools not in (None, "none", "auto") else spec[0] if spec else None)
         stream = await start(request, prompt_ids, params, stream_text=body.stream)
-        request_id = f"chatcmpl-{body.request_id}" if body.request_id else new_id("chatcmpl")
+        request_id = response_id("chatcmpl", body, request)
         if body.stream:
-            return streaming(events([stream], request_id, True, body.stream_options))
+            return streaming(events([stream], request_id, True, body, tools))
         try:
             await wait_for_all(stream, request)
         except ClientGone:
@@ -487,20 +568,23 @@ def build_app(llm, model_name: str, max_waiting_requests: int = 256, api_key: st
         return await asyncio.to_thread(chat_json, body, request_id, stream, tools, top)
 
     def chat_json(body, request_id: str, stream: RequestStream, tools: str | None, top: int) -> dict:
-        choices = []
+        choices, token_ids, named = [], bool(body.return_token_ids), as_ids(body)
         for seq in sorted(stream.seqs, key=lambda s: s.index):
             out = seq.completion()
-            logprobs = chat_logprobs(tokenizer, out.token_ids, seq.logprobs, top) if seq.logprobs is not None else None
+            logprobs = chat_logprobs(tokenizer, out.token_ids, seq.logprobs, top, named) \
+                if seq.logprobs is not None else None
             message, finish = {"role": "assistant", "content": out.text}, out.finish_reason
             if tools not in (None, "none"):  # the model's tool calls, parsed out of its text
                 message["content"], calls = parse_tool_calls(out.text, body.parallel_tool_calls is not False)
                 if calls:
                     message["tool_calls"], finish = calls, "tool_calls" if finish == "stop" else finish
             choices.append({"index": seq.index, "message": message, "logprobs": logprobs, "finish_reason": finish,
-                            "stop_reason": out.stop_reason})
+                            "stop_reason": out.stop_reason, "token_ids": out.token_ids if token_ids else None})
         generated = sum(len(s.output_ids) for s in stream.seqs)
-        response = chat_response(request_id, model_name, choices, len(stream.prompt_ids), generated)
-        return response | {"prompt_logprobs": prompt_logprobs_json(tokenizer, stream.seqs[0].prompt_logprobs)}
+        response = chat_response(request_id, model_name, choices, len(stream.prompt_ids), generated,
+                                 stream.seqs[0].num_cached_tokens)
+        return response | {"prompt_logprobs": prompt_logprobs_json(tokenizer, stream.seqs[0].prompt_logprobs),
+                           "prompt_token_ids": stream.prompt_ids if token_ids else None}
 
     app.include_router(v1)
     return app
@@ -526,10 +610,9 @@ class Server(uvicorn.Server):
 
 
 def serve(llm, model_name: str, host: str = "127.0.0.1", port: int = 8000, max_waiting_requests: int = 256,
-          api_key: str | None = None, log_level: str = "warning", trust_request_chat_template: bool = False) -> None:
-    """Serve until SIGINT or SIGTERM."""
-    app = build_app(llm, model_name, max_waiting_requests, api_key,
-                    trust_request_chat_template=trust_request_chat_template)
+          api_key: str | None = None, log_level: str = "warning", **app_options) -> None:
+    """Serve until SIGINT or SIGTERM. app_options: build_app's keywords (trust_request_chat_template, ...)."""
+    app = build_app(llm, model_name, max_waiting_requests, api_key, **app_options)
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5)
     print(f"nanoserve: serving {model_name} on http://{host}:{port} (Ctrl-C to stop)", flush=True)
     asyncio.run(Server(config, app).serve())

@@ -87,6 +87,8 @@ class AsyncEngine:
         self.engine = llm.engine  # llm.engine builds the KV pool now, not at the first request
         self.max_requests = self.engine.scheduler.max_num_seqs + max_waiting_requests
         self.metrics = metrics
+        # whether prompts are looked up in a prefix cache (vllm:prefix_cache_queries counts only those)
+        self.prefix_caching = getattr(getattr(llm, "args", None), "enable_prefix_caching", False)
         self.requests: set[RequestStream] = set()  # accepted or about to be, not finished
         self.to_add: list[RequestStream] = []
         self.to_abort: list[RequestStream] = []
@@ -250,12 +252,16 @@ class AsyncEngine:
                     self.metrics.request_finished(now - stream.arrival, delta.finish_reason)
 
     def _time_token(self, stream: RequestStream, index: int, now: float) -> None:
-        """Time to first token (per request) and inter-token latency (per completion)."""
+        """Time to first token (per request) and inter-token latency (per completion); at the first token,
+        the prefix cache's part of the prompt (known once the prompt was scheduled)."""
         if self.metrics is None:
             return
         if stream.first_token_at is None:
             stream.first_token_at = now
             self.metrics.time_to_first_token.observe(now - stream.arrival)
+            if self.prefix_caching and stream.params.prompt_logprobs is None:  # (scoring a prompt skips the cache)
+                self.metrics.prefix_cache_queries.inc(len(stream.prompt_ids))
+                self.metrics.prefix_cache_hits.inc(stream.seqs[0].num_cached_tokens)
         elif index in stream.last_token_at:
             self.metrics.inter_token_latency.observe(now - stream.last_token_at[index])
         stream.last_token_at[index] = now

@@ -13,7 +13,7 @@ import time
 import uuid
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from nanoserve.engine.sampling_params import SamplingParams
 from nanoserve.engine.sampling_params import StructuredOutputsParams
@@ -37,13 +37,15 @@ def sse(data: dict | str) -> str:
     return f"data: {data if isinstance(data, str) else json.dumps(data)}\n\n"
 
 
-class Strict(BaseModel):
-    """A request is refused if it holds a field we do not know: a parameter accepted and then ignored would
-    give its caller different output and no error."""
-    model_config = ConfigDict(extra="forbid")
+class RequestModel(BaseModel):
+    """A request's fields. One we have never heard of is accepted and ignored, as vLLM does, and the server
+    logs a warning naming it (ignored_fields): new versions of OpenAI's SDK add fields that clients then send
+    by default. A field we know and do not implement is declared below, and refused by name where it would
+    change the output (REFUSED): accepted and ignored, it would give its caller different output and no error."""
+    model_config = ConfigDict(extra="allow")
 
 
-class StreamOptions(Strict):
+class StreamOptions(RequestModel):
     include_usage: bool = False
     continuous_usage_stats: bool = False  # vLLM's: with include_usage, every chunk carries the counts so far
 
@@ -64,22 +66,21 @@ REFUSED = {
     "documents": "documents (retrieval-augmented templates) are not supported",
     "priority": "priority scheduling is not supported (requests are served first come, first served)",
     "spaces_between_special_tokens": "spaces_between_special_tokens=false is not supported",
-    "return_tokens_as_token_ids": "return_tokens_as_token_ids is not supported",
     "moderation": "moderation is not supported",
 }
 DOES_NOTHING = {"use_beam_search": (False,), "length_penalty": (1.0,), "guided_decoding_backend": ("auto", "guidance"),
                 "modalities": (["text"],), "priority": (0,),
-                "spaces_between_special_tokens": (True,), "return_tokens_as_token_ids": (False,), "echo": (False,)}
+                "spaces_between_special_tokens": (True,), "echo": (False,)}
 
 
-class SamplingRequest(Strict):
+class SamplingRequest(RequestModel):
     """The fields both endpoints share: OpenAI's, vLLM's extra sampling parameters, and known ones we refuse."""
     model: str | None = None
     max_tokens: int | None = None
     temperature: float = 1.0
     top_p: float = 1.0
     n: int = 1
-    seed: int | None = None
+    seed: int | None = Field(None, ge=-2**63, le=2**63 - 1)  # an int64, as vLLM's (torch's generators take one)
     stop: str | list[str] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -99,6 +100,10 @@ class SamplingRequest(Strict):
     bad_words: list[str] | None = None
     truncate_prompt_tokens: int | None = None
     prompt_logprobs: int | None = None  # the prompt tokens' log-probs (and top-k): "prompt_logprobs" in the response
+    # vLLM's token ids: the prompt's and each completion's ids in the response (prompt_token_ids, token_ids);
+    # log-probs' tokens named "token_id:N" (None: the server's --return-tokens-as-token-ids)
+    return_token_ids: bool | None = None
+    return_tokens_as_token_ids: bool | None = None
     # Fields that cannot change the output (who asks, what to store, caching and latency hints): accepted
     user: str | None = None
     metadata: dict | None = None
@@ -115,7 +120,7 @@ class SamplingRequest(Strict):
     use_beam_search: Any = None
     length_penalty: Any = None
     # Structured outputs: OpenAI's response_format, vLLM's structured_outputs (json, regex, choice, grammar,
-    # json_object) and its older guided_* names; at most one of them (structured_output_spec)
+    # json_object) and its older guided_* names; several only if they agree (structured_output_spec)
     response_format: dict | None = None
     structured_outputs: dict | None = None
     guided_json: dict | str | None = None
@@ -126,7 +131,6 @@ class SamplingRequest(Strict):
     guided_whitespace_pattern: Any = None
     priority: Any = None
     spaces_between_special_tokens: Any = None
-    return_tokens_as_token_ids: Any = None
 
 
 class CompletionRequest(SamplingRequest):
@@ -136,7 +140,9 @@ class CompletionRequest(SamplingRequest):
     suffix: Any = None
 
 
-class ChatMessage(Strict):
+class ChatMessage(RequestModel):
+    """One message. Its other fields are taken and ignored without a warning, as vLLM takes them: clients send
+    a reply's message back as the next turn's, with the reply's fields (refusal, annotations, audio, ...)."""
     role: str
     content: str | list[dict] | None = None  # a string, or {"type": "text", "text": ...} parts (None: "")
     name: str | None = None  # the chat template renders it, if it knows how
@@ -144,7 +150,7 @@ class ChatMessage(Strict):
     tool_call_id: str | None = None  # a tool message: which call it answers
 
 
-class ChatTemplateOptions(Strict):
+class ChatTemplateOptions(RequestModel):
     """How messages go through the chat template (chat completions and /tokenize)."""
     chat_template_kwargs: dict | None = None  # e.g. {"enable_thinking": true} for Qwen3 (off by default)
     add_generation_prompt: bool = True
@@ -178,12 +184,34 @@ class TokenizeRequest(ChatTemplateOptions):
     prompt: str | None = None
     add_special_tokens: bool = True
     messages: list[ChatMessage] | None = None
+    tools: list[dict] | None = None  # described by the template, as a chat completion with them would see it
     return_token_strs: bool = False
 
 
-class DetokenizeRequest(Strict):
+class DetokenizeRequest(RequestModel):
     model: str | None = None
     tokens: list[int]
+
+
+def ignored_fields(request: RequestModel) -> list[str]:
+    """The fields of a request that nothing here declares (stream_options' too, as "stream_options.x"): taken
+    and ignored, each named in the one warning the server logs for the request. A message's are left out."""
+    names = list(request.model_extra or {})
+    for name in type(request).model_fields:
+        value = getattr(request, name)
+        if isinstance(value, RequestModel) and not isinstance(value, ChatMessage):
+            names += [f"{name}.{inner}" for inner in ignored_fields(value)]
+    return names
+
+
+def refuse_misplaced(request: SamplingRequest) -> None:
+    """A field of the other generation endpoint (chat_template sent to /v1/completions, max_completion_tokens,
+    tools, ...) is one we know, and its sender expects it to do something: BadRequest naming it, not ignored."""
+    chat = isinstance(request, ChatCompletionRequest)
+    other, path = (CompletionRequest, "/v1/completions") if chat else (ChatCompletionRequest, "/v1/chat/completions")
+    for name in request.model_extra or {}:
+        if name in other.model_fields:
+            raise BadRequest(f"{name} is a field of {path}, not of this endpoint", name)
 
 
 def refuse_unsupported(request: SamplingRequest) -> None:
@@ -362,30 +390,82 @@ def parse_tool_calls(text: str, parallel: bool = True) -> tuple[str | None, list
     return (kept.strip() or None) if calls else text, calls
 
 
+class ToolCallText:
+    """One streamed choice's text with Qwen3's tool calls taken out of it. Text outside <tool_call> blocks
+    goes out as content as it comes; a block is held until it closes, then goes out whole as one tool-call
+    delta (OpenAI's streamed shape: {"index", "id", "type", "function": {"name", "arguments"}}), or as content
+    if it is not a JSON call (parse_tool_calls leaves such a block in the text too)."""
+
+    def __init__(self, tool_tokens: tuple[int, int], parallel: bool = True):
+        self.start, self.end = tool_tokens
+        self.parallel = parallel  # False: the first call only
+        self.block: str | None = None  # the text of the open block, from its <tool_call>
+        self.calls = 0  # calls sent so far
+
+    def feed(self, token_id: int, text: str, last: bool = False) -> dict | None:
+        """The chunk's delta for one token and its text, or None: nothing to send yet. last: the choice's
+        final token, which always gets a delta (a block cut off by max_tokens goes out as content)."""
+        message = self._take(token_id, text)
+        if last and self.block is not None:
+            message, self.block = {"content": self.block}, None
+        return {"content": ""} if message is None and last else message
+
+    def _take(self, token_id: int, text: str) -> dict | None:
+        if self.block is None and token_id != self.start:  # (the whitespace between calls is not content)
+            return None if self.calls and not text.strip() else {"content": text}
+        self.block = (self.block or "") + text
+        if token_id != self.end:
+            return None
+        block, self.block = self.block, None
+        _, calls = parse_tool_calls(block)
+        if not calls:
+            return {"content": block}
+        if self.calls and not self.parallel:
+            return None
+        self.calls += 1
+        return {"tool_calls": [{"index": self.calls - 1, **calls[0]}]}
+
+
 def structured_output_spec(request: SamplingRequest) -> tuple[str, StructuredOutputsParams] | None:
-    """(the field that asked, its constraint) from whichever structured-output field the request uses."""
+    """(the field that asked, its constraint) from the structured-output fields the request uses: several only
+    if they ask for the same constraint (clients send vLLM's structured_outputs and its older guided_* name)."""
     given = {name: getattr(request, name) for name in ("response_format", "structured_outputs", "guided_json",
                                                       "guided_regex", "guided_choice", "guided_grammar")}
-    given = {name: value for name, value in given.items() if value is not None and value != {"type": "text"}}
-    if len(given) > 1:
-        raise BadRequest(f"give one way of structuring the output, got {', '.join(given)}", list(given)[1])
-    if not given:
-        return None
-    (name, value), = given.items()
+    specs = [(name, constraint(name, value)) for name, value in given.items()
+             if value is not None and value != {"type": "text"}]
+    if any(same_constraint(spec) != same_constraint(specs[0][1]) for _, spec in specs[1:]):
+        raise BadRequest(f"{', '.join(name for name, _ in specs)} ask for different output structures: give one",
+                         specs[1][0])
+    return specs[0] if specs else None
+
+
+def constraint(name: str, value) -> StructuredOutputsParams:
+    """One structured-output field's constraint; a malformed one is a BadRequest naming the field."""
     try:
         if name == "response_format":
             kind = value.get("type")
             if kind == "json_object":
-                return name, StructuredOutputsParams(json_object=True)
+                return StructuredOutputsParams(json_object=True)
             schema = value.get("json_schema")
             if kind != "json_schema" or not isinstance(schema, dict) or not isinstance(schema.get("schema", {}), dict):
                 raise ValueError('response_format: "text", "json_object", or "json_schema" with {"schema": {...}}')
-            return name, StructuredOutputsParams(json=schema.get("schema", {}))
+            return StructuredOutputsParams(json=schema.get("schema", {}))
         if name == "structured_outputs":
-            return name, StructuredOutputsParams(**value)
-        return name, StructuredOutputsParams(**{name.removeprefix("guided_"): value})
+            return StructuredOutputsParams(**value)
+        return StructuredOutputsParams(**{name.removeprefix("guided_"): value})
     except (TypeError, ValueError) as e:
         raise BadRequest(f"{name}: {str(e).removeprefix('structured_outputs: ')}", name) from None
+
+
+def same_constraint(spec: StructuredOutputsParams) -> tuple:
+    """What two constraints compare by: a JSON schema given as text counts as the schema it holds."""
+    schema = spec.json
+    if isinstance(schema, str):
+        try:
+            schema = json.loads(schema)
+        except json.JSONDecodeError:
+            pass  # (compared as the text; compiling it reports the error)
+    return schema, spec.regex, spec.choice, spec.grammar, spec.json_object
 
 
 def sampling_params(request: SamplingRequest, max_tokens: int | None, logprobs: int | None,
@@ -417,25 +497,37 @@ def sampling_params(request: SamplingRequest, max_tokens: int | None, logprobs: 
         raise BadRequest(message, param) from None
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict:
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int | None = None) -> dict:
+    """OpenAI's usage; cached_tokens: how many prompt tokens the prefix cache held (a response's totals)."""
+    counts = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+              "total_tokens": prompt_tokens + completion_tokens}
+    if cached_tokens is not None:
+        counts["prompt_tokens_details"] = {"cached_tokens": cached_tokens}
+    return counts
 
 
 def new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex}"
 
 
-def completion_logprobs(tokenizer, token_ids: list[int], steps: list[dict | None], text_offset: int = 0) -> dict:
-    """The legacy completions' logprobs: tokens, their log-probs, the top ones of each step, text offsets.
-    A step of None (an echoed prompt's first token, which nothing predicts) has null for both."""
-    tokens = [tokenizer.decode([t]) for t in token_ids]
+def token_name(tokenizer, token_id: int, as_id: bool = False) -> str:
+    """A log-prob's token: its text, or with as_id (vLLM's return_tokens_as_token_ids) "token_id:N". A token
+    that is part of a character decodes to "\ufffd", and different tokens to the same text; its id is exact."""
+    return f"token_id:{token_id}" if as_id else tokenizer.decode([token_id])
+
+
+def completion_logprobs(tokenizer, token_ids: list[int], steps: list[dict | None], text_offset: int = 0,
+                        as_ids: bool = False) -> dict:
+    """The legacy completions' logprobs: tokens, their log-probs, the top ones of each step, text offsets
+    (into the text, whatever names the tokens). A step of None (an echoed prompt's first token, which nothing
+    predicts) has null for both."""
     offsets, at = [], text_offset
-    for token in tokens:
+    for t in token_ids:
         offsets.append(at)
-        at += len(token)
-    return {"tokens": tokens, "token_logprobs": [None if lp is None else float(lp[t]) for t, lp in zip(token_ids, steps)],
-            "top_logprobs": [None if lp is None else {tokenizer.decode([k]): float(v) for k, v in lp.items()}
+        at += len(tokenizer.decode([t]))
+    return {"tokens": [token_name(tokenizer, t, as_ids) for t in token_ids],
+            "token_logprobs": [None if lp is None else float(lp[t]) for t, lp in zip(token_ids, steps)],
+            "top_logprobs": [None if lp is None else {token_name(tokenizer, k, as_ids): float(v) for k, v in lp.items()}
                              for lp in steps],
             "text_offset": offsets}
 
@@ -448,11 +540,13 @@ def prompt_logprobs_json(tokenizer, steps: list[dict | None] | None) -> list | N
                                      for t, v in lp.items()} for lp in steps]
 
 
-def chat_logprobs(tokenizer, token_ids: list[int], steps: list[dict], top: int) -> dict:
-    """The chat endpoint's logprobs: per token its text, log-prob, UTF-8 bytes and the top alternatives."""
+def chat_logprobs(tokenizer, token_ids: list[int], steps: list[dict], top: int, as_ids: bool = False) -> dict:
+    """The chat endpoint's logprobs: per token its text (or "token_id:N"), log-prob, UTF-8 bytes of its
+    text, and the top alternatives."""
     def entry(token_id: int, logprob: float) -> dict:
         text = tokenizer.decode([token_id])
-        return {"token": text, "logprob": float(logprob), "bytes": list(text.encode())}
+        return {"token": token_name(tokenizer, token_id, True) if as_ids else text, "logprob": float(logprob),
+                "bytes": list(text.encode())}
 
     content = []
     for t, lp in zip(token_ids, steps):
@@ -462,15 +556,22 @@ def chat_logprobs(tokenizer, token_ids: list[int], steps: list[dict], top: int) 
 
 
 def completion_response(request_id: str, model: str, choices: list[dict], prompt_tokens: int,
-                        completion_tokens: int) -> dict:
+                        completion_tokens: int, cached_tokens: int = 0) -> dict:
     return {"id": request_id, "object": "text_completion", "created": int(time.time()), "model": model,
-            "choices": choices, "usage": usage(prompt_tokens, completion_tokens)}
+            "choices": choices, "usage": usage(prompt_tokens, completion_tokens, cached_tokens)}
 
 
 def chat_response(request_id: str, model: str, choices: list[dict], prompt_tokens: int,
-                  completion_tokens: int) -> dict:
+                  completion_tokens: int, cached_tokens: int = 0) -> dict:
     return {"id": request_id, "object": "chat.completion", "created": int(time.time()), "model": model,
-            "choices": choices, "usage": usage(prompt_tokens, completion_tokens)}
+            "choices": choices, "usage": usage(prompt_tokens, completion_tokens, cached_tokens)}
+
+
+def stream_usage(options: StreamOptions | None, force: bool = False) -> tuple[bool, bool]:
+    """A stream's usage: (the totals on a last chunk, the counts so far on every chunk). The request's
+    stream_options say; the server's --enable-force-include-usage (force) adds the totals to every stream."""
+    totals = force or (options is not None and options.include_usage)
+    return totals, totals and options is not None and options.continuous_usage_stats
 
 
 def chunk(request_id: str, model: str, chat: bool, choices: list[dict], usage_: dict | None = None,
