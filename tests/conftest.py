@@ -8,7 +8,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # The slow part of the suite (`pytest -m "not slow"` runs the rest in a few minutes): every solution notebook
 # run top to bottom by nbval, and the modules that start fresh processes (make check, make mine, TP ranks).
 SLOW_MODULES = {"test_make_check.py", "test_lessons_run_your_code.py", "test_build_mine.py",
-                "test_tensor_parallel.py", "test_overlap.py"}
+                "test_tensor_parallel.py", "test_overlap.py", "test_router.py"}
 
 
 def pytest_collection_modifyitems(items):
