@@ -1,10 +1,14 @@
-"""vLLM's `vllm.config` names that mean the same here. So far: ProfilerConfig, what LLM.start_profile records
-(nanoserve/profiler.py does it). vLLM's other configs (VllmConfig, ModelConfig, CacheConfig, ...) split the
+"""vLLM's `vllm.config` names that mean the same here: ProfilerConfig, what LLM.start_profile records
+(nanoserve/profiler.py does it), and VllmConfig, a small stand-in for what vLLM hands a logits processor of its
+own (nanoserve/v1/sample/logits_processor/), with only the fields of its ModelConfig, SchedulerConfig and
+DeviceConfig that such a processor reads. vLLM's full configs (CacheConfig, ParallelConfig, ...) split the
 settings that nanoserve keeps in one EngineArgs (nanoserve/engine/engine_args.py): they have no home here, and
 a script that imports one fails on that import, by its name. Also here, since they are vLLM's settings too:
 those nanoserve refuses (LoRA, pooling models, ...), and the errors that name them."""
 import os
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
+
+import torch
 
 PROFILERS = ("torch", "cuda")
 # vLLM's older environment variables for the torch profiler, read when no profiler_config is given
@@ -99,6 +103,41 @@ class ProfilerConfig:
                     raise ValueError(f"{variable} must be 0 or 1, got {text!r}")
                 flags[name] = text.strip().lower() in ("1", "true")
         return cls(profiler="torch", torch_profiler_dir=folder, **flags)
+
+
+@dataclass
+class ModelConfig:
+    """The part of vLLM's ModelConfig that logits processors read. (Not nanoserve.model.config.ModelConfig,
+    the checkpoint's architecture.)"""
+    model: str | None = None  # the model as LLM was given it (a zoo name or a folder)
+    vocab_size: int = 0  # the logits' width
+    max_model_len: int | None = None
+    dtype: torch.dtype = torch.float32  # of the logits a processor is given: nanoserve's processors edit float32
+
+    def get_vocab_size(self) -> int:
+        return self.vocab_size
+
+
+@dataclass
+class SchedulerConfig:
+    """The part of vLLM's SchedulerConfig that logits processors read: how many rows a batch can have."""
+    max_num_seqs: int = 256
+    max_model_len: int | None = None
+
+
+@dataclass
+class DeviceConfig:
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+
+
+@dataclass
+class VllmConfig:
+    """Not vLLM's full config: only what a vLLM-style logits processor reads in its __init__ (the batch's
+    most rows, the vocabulary, the device). nanoserve's own settings are EngineArgs; a processor that reads
+    another of vLLM's configs fails on that attribute, by its name."""
+    model_config: ModelConfig = field(default_factory=ModelConfig)
+    scheduler_config: SchedulerConfig = field(default_factory=SchedulerConfig)
+    device_config: DeviceConfig = field(default_factory=DeviceConfig)
 
 
 # vLLM's settings for what nanoserve does not do: LLM(**settings) with one of them says so, by name

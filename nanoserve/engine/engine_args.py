@@ -160,7 +160,8 @@ class EngineArgs:
     disable_log_stats: bool = True  # vLLM's (True for an LLM); False: the LLM keeps get_metrics()'s
     profiler_config: dict | None = None  # vLLM's, for LLM.start_profile: a nanoserve.config.ProfilerConfig
     # vLLM's logits_processors: LogitsProcessor classes of your own (engine/features.py), for the requests
-    # each wants (its wanted(params); by default those whose SamplingParams.extra_args name the class)
+    # each wants (its wanted(params); by default those whose SamplingParams.extra_args name the class), or
+    # classes written for vLLM (batch-level: update_state, apply), or "module:Class" paths to either
     logits_processors: tuple = ()
     parts: EngineParts = field(default_factory=EngineParts)
 
@@ -174,9 +175,11 @@ class EngineArgs:
             if isinstance(value, bool) or not isinstance(value, int) or value < lowest:
                 raise ValueError(f"{name} must be an integer >= {lowest}, got {value!r}")
         from nanoserve.engine.features import LogitsProcessor
-        self.logits_processors = tuple(self.logits_processors)
-        if not all(isinstance(c, type) and issubclass(c, LogitsProcessor) for c in self.logits_processors):
-            raise ValueError(f"logits_processors must be LogitsProcessor classes, got {self.logits_processors!r:.100}")
+        # anything but nanoserve's own classes goes through the adapter for vLLM's, imported only then
+        self.logits_processors = tuple(
+            c if isinstance(c, type) and issubclass(c, LogitsProcessor)
+            else import_part("nanoserve.v1.sample.logits_processor.state:adapt")(c, self)
+            for c in self.logits_processors)
         if isinstance(self.seed, bool) or not isinstance(self.seed, int):
             raise ValueError(f"seed must be an integer, got {self.seed!r}")
         for name in ("enable_prefix_caching", "enable_chunked_prefill", "custom_all_reduce", "fused_ops",
