@@ -197,6 +197,9 @@ def add_serve_parser(sub) -> None:
                        help="log-probs name their tokens 'token_id:N' unless a request says otherwise")
     serve.add_argument("--enable-force-include-usage", action="store_true",
                        help="every stream ends with a usage chunk, as with stream_options.include_usage")
+    serve.add_argument("--reasoning-parser", default=None, metavar="NAME",
+                       help="put a chat answer's thinking apart from its content (message.reasoning): qwen3 "
+                            "(<think> ... </think>); with it, the chat template's thinking is on by default")
     serve.add_argument("--uvicorn-log-level", default="warning",
                        choices=["critical", "error", "warning", "info", "debug", "trace"])
     serve.add_argument("--disable-log-requests", "--disable-log-stats", action="store_true",
@@ -330,6 +333,9 @@ def serve(args) -> int:
     from nanoserve.serve.api_server import serve as serve_http
 
     check_device(args.device)
+    from nanoserve.serve.reasoning import REASONING_PARSERS
+    if args.reasoning_parser is not None and args.reasoning_parser not in REASONING_PARSERS:
+        raise UsageError(f"--reasoning-parser: {args.reasoning_parser!r} is not one of {', '.join(REASONING_PARSERS)}")
     names = args.served_model_name
     if names and len(names) > 1:
         raise UsageError(f"--served-model-name: one name only so far, got {len(names)}")
@@ -346,7 +352,8 @@ def serve(args) -> int:
                trust_request_chat_template=args.trust_request_chat_template,
                enable_request_id_headers=args.enable_request_id_headers,
                return_tokens_as_token_ids=args.return_tokens_as_token_ids,
-               enable_force_include_usage=args.enable_force_include_usage)
+               enable_force_include_usage=args.enable_force_include_usage,
+               reasoning_parser=args.reasoning_parser)
     return 0
 
 

@@ -146,7 +146,7 @@ def test_a_required_tool_call_parses_and_follows_the_tools_schema(client, choice
     api = openai.OpenAI(base_url="http://testserver/v1", api_key="none", http_client=client)
     extra = {} if parallel is None else {"parallel_tool_calls": parallel}
     reply = api.chat.completions.create(model="tiny-qwen3", messages=ASK, tools=[WEATHER, TIME], tool_choice=choice,
-                                        temperature=1.0, seed=7, max_tokens=200, **extra)
+                                        temperature=1.0, seed=6, max_tokens=200, **extra)
     choice_ = reply.choices[0]
     assert choice_.message.tool_calls, choice_
     # a random model may go on calling until max_tokens when several calls are allowed
@@ -158,6 +158,32 @@ def test_a_required_tool_call_parses_and_follows_the_tools_schema(client, choice
         jsonschema.validate(json.loads(call.function.arguments), tool["function"]["parameters"])
         if isinstance(choice, dict):
             assert call.function.name == "get_time"
+
+
+PLAN = {"type": "function", "function": {"name": "plan", "parameters": {  # pydantic's shape for nested models
+    "type": "object", "properties": {"steps": {"type": "array", "items": {"$ref": "#/$defs/Step"}, "maxItems": 2},
+                                     "owner": {"$ref": "#/$defs/Name"}},
+    "required": ["steps", "owner"], "additionalProperties": False,
+    "$defs": {"Step": {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 9},
+                                                         "by": {"$ref": "#/$defs/Name"}},
+                       "required": ["n", "by"], "additionalProperties": False},
+              "Name": {"type": "string", "maxLength": 5}}}}}
+
+
+@pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "plan"}}])
+def test_a_required_tool_call_follows_a_schema_with_defs_and_refs(client, choice):
+    """The references of a tool's schema point into its own $defs: the call's arguments follow them."""
+    reply = client.post("/v1/chat/completions", json={"model": "tiny-qwen3", "messages": ASK, "tools": [WEATHER, PLAN],
+                                                      "tool_choice": choice, "parallel_tool_calls": False,
+                                                      "temperature": 1.0, "seed": 3, "max_tokens": 150})
+    assert reply.status_code == 200, reply.text
+    choice_ = reply.json()["choices"][0]
+    assert choice_["finish_reason"] == "tool_calls", choice_
+    (call,) = choice_["message"]["tool_calls"]
+    tool = {"get_weather": WEATHER, "plan": PLAN}[call["function"]["name"]]
+    jsonschema.validate(json.loads(call["function"]["arguments"]), tool["function"]["parameters"])
+    if isinstance(choice, dict):
+        assert call["function"]["name"] == "plan"
 
 
 def test_a_conversation_with_tool_calls_and_tool_results_is_rendered(client, llm):

@@ -8,7 +8,9 @@
                                series under vLLM's names, vllm:num_requests_running, ...)
     GET  /v1/models            the one model served
     POST /v1/completions       a prompt (text or token ids) -> text; stream: true for server-sent events
-    POST /v1/chat/completions  messages, through the model's chat template -> a message
+    POST /v1/chat/completions  messages, through the model's chat template -> a message (with a reasoning
+                               parser, its thinking apart: reasoning.py)
+    POST /v1/responses         OpenAI's Responses API, its minimal part, run as a chat (responses.py)
     POST /tokenize, /detokenize; GET /tokenizer_info   vLLM's tokenizer routes
 
 With an API key, every route but /health, /ping, /version and /metrics needs it. A field of a request body
@@ -36,6 +38,7 @@ import uvicorn
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import ValidationError
 from starlette.exceptions import HTTPException
 
 from nanoserve import __version__
@@ -46,6 +49,8 @@ from nanoserve.serve.async_engine import AsyncEngine, EngineStopped, QueueFull, 
 from nanoserve.serve.chat_template import TemplateRefused, TemplateWorkers, check_variables, render
 from nanoserve.serve.metrics import ServerMetrics
 from nanoserve.serve.protocol import BadRequest, ChatCompletionRequest, CompletionRequest, DetokenizeRequest, SamplingRequest, TokenizeRequest, ToolCallText, chat_logprobs, chat_response, check_limits, chunk, completion_logprobs, completion_response, conversation, error_body, ignored_fields, new_id, parse_body, parse_tool_calls, prompt_logprobs_json, refuse_misplaced, sampling_params, sse, stream_usage, structured_output_spec, tool_call_grammar, tool_call_tokens, tool_choice, usage
+from nanoserve.serve.reasoning import Qwen3Reasoning, REASONING_PARSERS, ReasoningText, thinking_grammar
+from nanoserve.serve.responses import ResponseEvents, ResponsesRequest, chat_body, item_id, output_items, response_object
 
 MAX_BODY_BYTES = 8 * 2**20  # 8 MiB: a prompt that fits max_model_len is far smaller, as text or as token ids
 OPEN_ROUTES = {"/health", "/ping", "/version", "/metrics"}  # what answers without the API key: no request's text
@@ -144,16 +149,22 @@ class RequestIdHeader:
 def build_app(llm, model_name: str, max_waiting_requests: int = 256, api_key: str | None = None,
               max_body_bytes: int = MAX_BODY_BYTES, trust_request_chat_template: bool = False,
               enable_request_id_headers: bool = False, return_tokens_as_token_ids: bool = False,
-              enable_force_include_usage: bool = False) -> FastAPI:
+              enable_force_include_usage: bool = False, reasoning_parser: str | None = None) -> FastAPI:
     """The app for one loaded LLM. Its AsyncEngine starts with the server's event loop (lifespan). The
     keywords are `vllm serve`'s flags of those names:
     trust_request_chat_template: a chat request may bring its own template, which is rendered in a worker
     process with a time, memory and size budget (chat_template.TemplateWorkers);
     enable_request_id_headers: every response carries X-Request-Id (RequestIdHeader);
     return_tokens_as_token_ids: log-probs name their tokens "token_id:N" unless a request says otherwise;
-    enable_force_include_usage: every stream ends with a usage chunk, as with stream_options.include_usage."""
+    enable_force_include_usage: every stream ends with a usage chunk, as with stream_options.include_usage;
+    reasoning_parser: "qwen3" splits a chat answer's thinking from its content (reasoning.Qwen3Reasoning), and
+    the chat template's thinking is on unless a request turns it off (without it: off unless a request turns
+    it on)."""
     metrics = ServerMetrics(model_name)
     tokenizer = llm.tokenizer
+    if reasoning_parser is not None and reasoning_parser not in REASONING_PARSERS:
+        raise ValueError(f"reasoning_parser: {reasoning_parser!r} is not one of {', '.join(REASONING_PARSERS)}")
+    reasoning = Qwen3Reasoning(tokenizer) if reasoning_parser is not None else None
     max_logprobs = getattr(llm, "max_logprobs", 20)  # the LLM's cap (vLLM's default: 20)
     sampling_defaults = getattr(llm, "sampling_defaults", {})  # generation_config.json's, for fields left out
     tool_tokens = tool_call_tokens(tokenizer)  # looked up once: the vocabulary is a fresh dict at every call
@@ -246,7 +257,8 @@ def build_app(llm, model_name: str, max_waiting_requests: int = 256, api_key: st
 
     async def chat_prompt(turns: list[dict], body) -> list[int]:
         """The turns through the chat template, as token ids (Qwen3's thinking off unless the request's
-        chat_template_kwargs say otherwise). The request's variables reach the template as variables only;
+        chat_template_kwargs say otherwise, or the template's default with a reasoning parser, which puts the
+        thinking apart). The request's variables reach the template as variables only;
         the model's template renders in a thread, a request's own in a worker process (TemplateWorkers)."""
         if not turns:
             raise BadRequest("messages must not be empty", "messages")
@@ -255,7 +267,7 @@ def build_app(llm, model_name: str, max_waiting_requests: int = 256, api_key: st
         if body.continue_final_message and turns[-1]["role"] != "assistant":
             raise BadRequest("continue_final_message continues an assistant message: the last message must be one",
                              "continue_final_message")
-        variables = {"enable_thinking": False, **(body.chat_template_kwargs or {})}
+        variables = {**({} if reasoning else {"enable_thinking": False}), **(body.chat_template_kwargs or {})}
         own = getattr(body, "chat_template", None)
         if own is not None and not trust_request_chat_template:
             raise BadRequest("chat_template: a request's own template needs the server's "
@@ -354,18 +366,22 @@ def build_app(llm, model_name: str, max_waiting_requests: int = 256, api_key: st
             for task in tasks:
                 task.cancel()
 
-    async def events(streams: list[RequestStream], request_id: str, chat: bool, body, tools: str | None = None):
+    async def events(streams: list[RequestStream], request_id: str, chat: bool, body, tools: str | None = None,
+                     thinking: bool | None = None):
         """The server-sent events of one streamed request (a batch of prompts: choice i * n + k is prompt i's
         completion k), ending in `data: [DONE]`. body: the request (its stream_options, return_token_ids, ...).
         With return_token_ids each chunk's choice carries its tokens' ids, and the prompt's ids come once: in a
         chat's first chunk, in a completion's first chunk of each choice (vLLM's places for them). tools: a
         chat's tool_choice; with tools, each choice's tool calls go out as tool-call deltas (ToolCallText), and
-        the tokens of a call's block go out with the chunk that carries the call."""
+        the tokens of a call's block go out with the chunk that carries the call. thinking: with a reasoning
+        parser, whether the output begins inside the thinking (None: no parser), which goes out as
+        delta.reasoning and delta.reasoning_content (ReasoningText), tool calls coming from the content only."""
         params, token_ids, named = streams[0].params, bool(body.return_token_ids), as_ids(body)
         counts, top, tail = [0] * (params.n * len(streams)), params.logprobs or 0, None
         calls = [ToolCallText(tool_tokens, body.parallel_tool_calls is not False) for _ in counts] \
             if tools not in (None, "none") else None
         held: list[list] = [[] for _ in counts]  # each choice's tokens not sent yet (a tool call's block)
+        splits = [ReasoningText(reasoning, thinking) for _ in counts] if thinking is not None else None
         include_usage, continuous = stream_usage(body.stream_options, enable_force_include_usage)
         prompt_tokens = sum(len(s.prompt_ids) for s in streams)
         # vLLM's continuous_usage_stats: each chunk's usage is the counts so far (guidellm times tokens by them)
@@ -380,9 +396,12 @@ def build_app(llm, model_name: str, max_waiting_requests: int = 256, api_key: st
                 index = which * params.n + delta.index
                 counts[index] += 1
                 held[index].append(delta)
-                message = {"content": delta.text} if calls is None else \
-                    calls[index].feed(delta.token_id, delta.text, delta.finished)
-                if message is None:  # inside a tool call's block: it goes out when the block closes
+                if splits is None:
+                    message = {"content": delta.text} if calls is None else \
+                        calls[index].feed(delta.token_id, delta.text, delta.finished)
+                else:
+                    message = thought(splits[index], delta, calls and calls[index], body.include_reasoning)
+                if message is None:  # inside a tool call's block, or a marker's first letters: it goes out later
                     continue
                 sent, held[index] = held[index], []
                 finish = delta.finish_reason
@@ -405,7 +424,10 @@ def build_app(llm, model_name: str, max_waiting_requests: int = 256, api_key: st
                     choice["token_ids"] = [d.token_id for d in sent]
                 yield sse(chunk(request_id, model_name, chat, [choice], so_far(), include_usage))
             if include_usage:
-                totals = usage(prompt_tokens, sum(counts), sum(s.seqs[0].num_cached_tokens for s in streams))
+                thought_tokens = None if thinking is None else \
+                    sum(reasoning.reasoning_tokens(s.output_ids, thinking) for s in streams[0].seqs)
+                totals = usage(prompt_tokens, sum(counts), sum(s.seqs[0].num_cached_tokens for s in streams),
+                               thought_tokens)
                 yield sse(chunk(request_id, model_name, chat, [], totals, True))
         except (EngineStopped, RuntimeError) as e:  # the server is stopping, or a step failed
             tail = error_body(str(e), "server_error", 503 if isinstance(e, EngineStopped) else 500)
@@ -415,6 +437,17 @@ def build_app(llm, model_name: str, max_waiting_requests: int = 256, api_key: st
         if tail is not None:
             yield sse(tail)
         yield sse("[DONE]")
+
+    def thought(split: ReasoningText, delta, calls: ToolCallText | None, include: bool) -> dict | None:
+        """One streamed chat delta with a reasoning parser: its thinking as reasoning (and reasoning_content),
+        its content as content or tool calls (ToolCallText); None if nothing is final yet."""
+        thinking, content = split.feed(delta.text, delta.finished)
+        message = {"reasoning": thinking, "reasoning_content": thinking} if thinking and include else {}
+        if calls is not None and (content or delta.finished):
+            message.update(calls.feed(delta.token_id, content, delta.finished) or {})
+        elif calls is None and (content or delta.finished and not message):
+            message["content"] = content
+        return message or None
 
     def streaming(body) -> StreamingResponse:
         return StreamingResponse(body, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
@@ -535,56 +568,148 @@ def build_app(llm, model_name: str, max_waiting_requests: int = 256, api_key: st
         return completion_response(request_id, model_name, choices, sum(len(s.prompt_ids) for s in streams), generated,
                                    sum(s.seqs[0].num_cached_tokens for s in streams))
 
-    @v1.post("/chat/completions")
-    async def chat_completions(body: ChatCompletionRequest, request: Request):
+    async def start_chat(body: ChatCompletionRequest, request: Request) -> tuple[RequestStream, str | None,
+                                                                                   bool | None]:
+        """A chat request checked, rendered and started: (its stream, its tool choice, thinking: whether its
+        output begins inside the thinking, None without a reasoning parser). A call that is required, a
+        structured output and a thinking budget each constrain the output with a grammar; with thinking, one
+        grammar: the thinking, then the answer's constraint (reasoning.thinking_grammar)."""
         check_request(body)
         check_limits(body, max_logprobs)
         if not body.messages:
             raise BadRequest("messages must not be empty", "messages")
-        top = body.top_logprobs or 0
         if body.top_logprobs is not None and not body.logprobs:
             raise BadRequest("top_logprobs needs logprobs: true", "top_logprobs")
+        budget = None if body.thinking_token_budget == -1 else body.thinking_token_budget
+        if reasoning is None and budget is not None:
+            raise BadRequest("thinking_token_budget needs a server started with --reasoning-parser",
+                             "thinking_token_budget")
+        if reasoning is None and not body.include_reasoning:
+            raise BadRequest("include_reasoning: false needs a server started with --reasoning-parser (without "
+                             "one, the thinking is part of the content)", "include_reasoning")
         tools = tool_choice(body, tool_tokens)  # None (no tools), "none", "auto", "required" or a tool's name
         prompt_ids = await chat_prompt(conversation(body.messages), body)
         max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
-        params = sampling_params(body, max_tokens, top if body.logprobs else None,
+        params = sampling_params(body, max_tokens, (body.top_logprobs or 0) if body.logprobs else None,
                                  default_max_tokens=None,  # None: what max_model_len leaves (the engine's)
                                  defaults=sampling_defaults)
+        spec = structured_output_spec(body)
+        field = spec[0] if spec else None
         if tools not in (None, "none", "auto"):  # a call is required: the grammar of the calls allowed
             if params.structured_outputs is not None:
                 raise BadRequest("tool_choice required or named cannot be combined with a structured output",
                                  "tool_choice")
-            params = params.clone(structured_outputs=tool_call_grammar(body, tools, tool_tokens))
-        spec = structured_output_spec(body)
-        await prepare_request(params, "tools" if tools not in (None, "none", "auto") else spec[0] if spec else None)
-        stream = await start(request, prompt_ids, params, stream_text=body.stream)
+            params, field = params.clone(structured_outputs=tool_call_grammar(body, tools, tool_tokens)), "tools"
+        thinking = reasoning.thinks_first(prompt_ids) if reasoning is not None else None
+        if thinking and (params.structured_outputs is not None or budget is not None):
+            try:
+                grammar = thinking_grammar(reasoning, params.structured_outputs, budget)
+            except ValueError as e:  # a malformed constraint: its field's 400
+                raise BadRequest(f"{field}: {e}", field) from None
+            params, field = params.clone(structured_outputs=grammar), field or "thinking_token_budget"
+        await prepare_request(params, field)
+        return await start(request, prompt_ids, params, stream_text=body.stream), tools, thinking
+
+    @v1.post("/chat/completions")
+    async def chat_completions(body: ChatCompletionRequest, request: Request):
+        stream, tools, thinking = await start_chat(body, request)
         request_id = response_id("chatcmpl", body, request)
         if body.stream:
-            return streaming(events([stream], request_id, True, body, tools))
+            return streaming(events([stream], request_id, True, body, tools, thinking))
         try:
             await wait_for_all(stream, request)
         except ClientGone:
             return Response(status_code=499)
-        return await asyncio.to_thread(chat_json, body, request_id, stream, tools, top)
+        return await asyncio.to_thread(chat_json, body, request_id, stream, tools, thinking)
 
-    def chat_json(body, request_id: str, stream: RequestStream, tools: str | None, top: int) -> dict:
-        choices, token_ids, named = [], bool(body.return_token_ids), as_ids(body)
+    def chat_message(body, text: str, tools: str | None, thinking: bool | None) -> dict:
+        """A whole answer's message: with a reasoning parser its thinking apart (ReasoningText, as a stream
+        splits it) and its content None if empty, as vLLM's; with tools, its calls parsed out of the content."""
+        message = {"role": "assistant", "content": text}
+        if thinking is not None:
+            thought_text, message["content"] = ReasoningText(reasoning, thinking).feed(text, last=True)
+            message["content"] = message["content"] or None
+            if body.include_reasoning:
+                message["reasoning"] = message["reasoning_content"] = thought_text or None
+        if tools not in (None, "none") and message["content"] is not None:  # the model's tool calls
+            message["content"], calls = parse_tool_calls(message["content"], body.parallel_tool_calls is not False)
+            if calls:
+                message["tool_calls"] = calls
+        return message
+
+    def chat_json(body, request_id: str, stream: RequestStream, tools: str | None, thinking: bool | None) -> dict:
+        choices, token_ids, named, top = [], bool(body.return_token_ids), as_ids(body), body.top_logprobs or 0
         for seq in sorted(stream.seqs, key=lambda s: s.index):
             out = seq.completion()
             logprobs = chat_logprobs(tokenizer, out.token_ids, seq.logprobs, top, named) \
                 if seq.logprobs is not None else None
-            message, finish = {"role": "assistant", "content": out.text}, out.finish_reason
-            if tools not in (None, "none"):  # the model's tool calls, parsed out of its text
-                message["content"], calls = parse_tool_calls(out.text, body.parallel_tool_calls is not False)
-                if calls:
-                    message["tool_calls"], finish = calls, "tool_calls" if finish == "stop" else finish
+            message, finish = chat_message(body, out.text, tools, thinking), out.finish_reason
+            if message.get("tool_calls") and finish == "stop":
+                finish = "tool_calls"
             choices.append({"index": seq.index, "message": message, "logprobs": logprobs, "finish_reason": finish,
                             "stop_reason": out.stop_reason, "token_ids": out.token_ids if token_ids else None})
         generated = sum(len(s.output_ids) for s in stream.seqs)
+        thought_tokens = None if thinking is None else \
+            sum(reasoning.reasoning_tokens(s.output_ids, thinking) for s in stream.seqs)
         response = chat_response(request_id, model_name, choices, len(stream.prompt_ids), generated,
-                                 stream.seqs[0].num_cached_tokens)
+                                 stream.seqs[0].num_cached_tokens, thought_tokens)
         return response | {"prompt_logprobs": prompt_logprobs_json(tokenizer, stream.seqs[0].prompt_logprobs),
                            "prompt_token_ids": stream.prompt_ids if token_ids else None}
+
+    @v1.post("/responses")
+    async def responses(body: ResponsesRequest, request: Request):
+        """OpenAI's Responses API, run as the chat completion it stands for (responses.chat_body)."""
+        check_request(body)
+        try:
+            chat = ChatCompletionRequest.model_validate(chat_body(body))
+        except ValidationError as e:
+            first = e.errors()[0]
+            raise BadRequest(f"input: {'.'.join(map(str, first['loc']))}: {first['msg']}", "input") from None
+        stream, tools, thinking = await start_chat(chat, request)
+        response_id = item_id("resp")
+        if body.stream:
+            return streaming(response_events(stream, response_id, body, chat, tools, thinking))
+        try:
+            await wait_for_all(stream, request)
+        except ClientGone:
+            return Response(status_code=499)
+        reply = await asyncio.to_thread(chat_json, chat, response_id, stream, tools, thinking)
+        choice = reply["choices"][0]
+        status = "incomplete" if choice["finish_reason"] == "length" else "completed"
+        return response_object(response_id, model_name, body, output_items(choice["message"]), status, reply["usage"])
+
+    async def response_events(stream: RequestStream, response_id: str, body, chat, tools: str | None,
+                              thinking: bool | None):
+        """A streamed response's events (responses.ResponseEvents): the thinking, the text and the tool calls
+        split as a streamed chat splits them (ReasoningText, ToolCallText)."""
+        out = ResponseEvents(response_id, model_name, body)
+        split = ReasoningText(reasoning, thinking) if thinking is not None else None
+        calls = None if tools in (None, "none") else ToolCallText(tool_tokens, chat.parallel_tool_calls is not False)
+        finish, seq = None, stream.seqs[0]
+        try:
+            for event in out.start():
+                yield event
+            async for delta in stream:
+                thought, text = split.feed(delta.text, delta.finished) if split is not None else ("", delta.text)
+                events = out.piece("reasoning", thought) if thought else []
+                if calls is not None and (text or delta.finished):
+                    message = calls.feed(delta.token_id, text, delta.finished) or {}
+                    for call in message.get("tool_calls", []):
+                        events += out.call(call)
+                    text = message.get("content") or ""
+                if text:
+                    events += out.piece("message", text)
+                finish = delta.finish_reason or finish
+                for event in events:
+                    yield event
+            thought_tokens = None if thinking is None else reasoning.reasoning_tokens(seq.output_ids, thinking)
+            counts = usage(len(stream.prompt_ids), len(seq.output_ids), seq.num_cached_tokens, thought_tokens)
+            for event in out.finish(finish, counts):
+                yield event
+        except (EngineStopped, RuntimeError) as e:  # the server is stopping, or a step failed
+            yield out.error(str(e))
+        finally:
+            stream.abort()
 
     app.include_router(v1)
     return app

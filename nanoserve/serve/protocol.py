@@ -166,6 +166,10 @@ class ChatCompletionRequest(SamplingRequest, ChatTemplateOptions):
     tools: list[dict] | None = None  # [{"type": "function", "function": {"name", "description", "parameters"}}]
     tool_choice: str | dict | None = None  # "none", "auto" (with tools: the default), "required", or a named tool
     parallel_tool_calls: bool | None = None  # False: at most one call
+    # vLLM's, for a server with --reasoning-parser: the thinking in the response (else left out), and at most
+    # this many tokens of it (then </think> comes; -1, as None: no limit)
+    include_reasoning: bool = True
+    thinking_token_budget: int | None = Field(None, ge=-1)
     functions: Any = None
     function_call: Any = None
     audio: Any = None
@@ -359,16 +363,21 @@ def tool_choice(request: ChatCompletionRequest, tool_tokens: tuple[int, int] | N
 
 def tool_call_grammar(request: ChatCompletionRequest, choice: str, tool_tokens: tuple[int, int]) \
         -> StructuredOutputsParams:
-    """tool_choice "required" or a named tool: the output is Qwen3's tool-call blocks, each a JSON object whose
-    arguments follow that tool's parameters schema (one block if parallel_tool_calls is false)."""
-    calls = [{"type": "object", "properties": {"name": {"const": f["name"]},
-                                                "arguments": f.get("parameters") or {"type": "object"}},
-              "required": ["name", "arguments"], "additionalProperties": False}
-             for f in (t["function"] for t in request.tools) if choice == "required" or f["name"] == choice]
-    schema = json.dumps({"anyOf": calls, "x-guidance": {"whitespace_flexible": False}})
+    """tool_choice "required" or a named tool: the output is Qwen3's tool-call blocks, each
+    {"name": ..., "arguments": ...} with arguments that follow that tool's parameters schema (one block if
+    parallel_tool_calls is false). The arguments are a JSON value of their own in the grammar (%json), not a
+    part of one schema for the whole call: a schema's "$ref": "#/$defs/..." points into the document it is
+    the root of, so nested inside another schema its references would point at nothing."""
+    bodies = []
+    for f in (t["function"] for t in request.tools):
+        if choice == "required" or f["name"] == choice:
+            schema = {**(f.get("parameters") or {"type": "object"}), "x-guidance": {"whitespace_flexible": False}}
+            head = json.dumps(f'{{"name": {json.dumps(f["name"])}, "arguments": ')  # a Lark string: JSON's escapes
+            bodies.append(f'{head} %json {json.dumps(schema)} "}}"')
     start, end = tool_tokens  # special tokens: named by id in the grammar
     more = "" if request.parallel_tool_calls is False else ' ("\\n" call)*'
-    return StructuredOutputsParams(grammar=f'start: call{more}\ncall: <[{start}]> "\\n" %json {schema} "\\n" <[{end}]>')
+    return StructuredOutputsParams(grammar=f'start: call{more}\ncall: <[{start}]> "\\n" body "\\n" <[{end}]>\n'
+                                           f'body: {" | ".join(bodies)}')
 
 
 def parse_tool_calls(text: str, parallel: bool = True) -> tuple[str | None, list[dict]]:
@@ -497,12 +506,16 @@ def sampling_params(request: SamplingRequest, max_tokens: int | None, logprobs: 
         raise BadRequest(message, param) from None
 
 
-def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int | None = None) -> dict:
-    """OpenAI's usage; cached_tokens: how many prompt tokens the prefix cache held (a response's totals)."""
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int | None = None,
+          reasoning_tokens: int | None = None) -> dict:
+    """OpenAI's usage; cached_tokens: how many prompt tokens the prefix cache held (a response's totals);
+    reasoning_tokens: how many of the completion tokens were thinking (with a reasoning parser)."""
     counts = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
               "total_tokens": prompt_tokens + completion_tokens}
     if cached_tokens is not None:
         counts["prompt_tokens_details"] = {"cached_tokens": cached_tokens}
+    if reasoning_tokens is not None:
+        counts["completion_tokens_details"] = {"reasoning_tokens": reasoning_tokens}
     return counts
 
 
@@ -562,9 +575,9 @@ def completion_response(request_id: str, model: str, choices: list[dict], prompt
 
 
 def chat_response(request_id: str, model: str, choices: list[dict], prompt_tokens: int,
-                  completion_tokens: int, cached_tokens: int = 0) -> dict:
+                  completion_tokens: int, cached_tokens: int = 0, reasoning_tokens: int | None = None) -> dict:
     return {"id": request_id, "object": "chat.completion", "created": int(time.time()), "model": model,
-            "choices": choices, "usage": usage(prompt_tokens, completion_tokens, cached_tokens)}
+            "choices": choices, "usage": usage(prompt_tokens, completion_tokens, cached_tokens, reasoning_tokens)}
 
 
 def stream_usage(options: StreamOptions | None, force: bool = False) -> tuple[bool, bool]:
