@@ -358,3 +358,15 @@ def test_what_nanoserve_does_not_do_is_refused_by_name():
             with pytest.raises(AttributeError, match=f"LLM.{method}: pooling models"):
                 getattr(llm, method)
         assert not hasattr(llm, "sleep")
+
+
+def test_generate_takes_vllms_older_prompt_token_ids(llm):
+    params = SamplingParams(temperature=0, max_tokens=3)
+    want = [o.outputs[0].token_ids for o in llm.generate([[1, 2, 3], [4, 5]], params, use_tqdm=False)]
+    older = llm.generate(prompt_token_ids=[[1, 2, 3], [4, 5]], sampling_params=params, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in older] == want and older[1].prompt_token_ids == [4, 5]
+    one = llm.generate(prompt_token_ids=[1, 2, 3], sampling_params=params, use_tqdm=False)  # one prompt's ids
+    assert len(one) == 1 and one[0].outputs[0].token_ids == want[0]
+    for both_or_neither in (dict(prompts=["x"], prompt_token_ids=[1]), dict()):
+        with pytest.raises(TypeError, match="prompt_token_ids"):
+            llm.generate(**both_or_neither)

@@ -365,12 +365,16 @@ class LLM:
 
     # -- the public calls
 
-    def generate(self, prompts, sampling_params: SamplingParams | list[SamplingParams] | None = None,
-                 use_tqdm: bool = True) -> list[RequestOutput]:
+    def generate(self, prompts=None, sampling_params: SamplingParams | list[SamplingParams] | None = None,
+                 use_tqdm: bool = True, *, prompt_token_ids=None) -> list[RequestOutput]:
         """Complete every prompt; outputs come back in input order. A malformed prompt or parameter raises
         before anything is queued; a prompt that cannot be served (empty, too long), or whose own processing
-        fails during a step, fails alone: finish_reason "error" and RequestOutput.error."""
-        return self._collect(self._encode(prompts), sampling_params, use_tqdm)
+        fails during a step, fails alone: finish_reason "error" and RequestOutput.error. prompt_token_ids:
+        vLLM's older way to give token ids (one list of ids, or a list of them), in place of prompts."""
+        if (prompts is None) == (prompt_token_ids is None):
+            raise TypeError("generate: give prompts, or (vLLM's older way) prompt_token_ids, not both")
+        return self._collect(self._encode(prompts if prompts is not None else prompt_token_ids), sampling_params,
+                             use_tqdm)
 
     def chat(self, messages, sampling_params: SamplingParams | list[SamplingParams] | None = None,
              use_tqdm: bool = True, chat_template_kwargs: dict | None = None, add_generation_prompt: bool = True,
