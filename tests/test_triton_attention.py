@@ -649,3 +649,42 @@ def test_triton_penalties_are_exercise_2_5s_torch_path(seed):
                                   on_device["count"], on_device["factors"], on_device["length"])
     assert not torch.equal(want, logits)  # the edit changed something
     torch.testing.assert_close(got.cpu(), want, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_triton_logit_bias_and_min_p_are_the_torch_paths(seed):
+    # Both kernels against logit_edits.py's torch paths: slots with more and fewer (token, bias) pairs than the
+    # widest (token 0 biased in one, the padding's token), rows in another order than the slots beside rows
+    # that use neither, -inf logits, each min_p floor its own.
+    from types import SimpleNamespace
+
+    from nanoserve.engine.features import Rows
+    from nanoserve.engine.sampling_params import SamplingParams
+    from nanoserve.features.logit_edits import LogitBias, MinP
+    from nanoserve.kernels import triton_fused
+
+    rng, gen = random.Random(seed), torch.Generator().manual_seed(seed)
+    V, M = rng.choice([50, 5000]), rng.randint(2, 6)
+    bias, min_p = LogitBias(M, V, torch.device("cpu")), MinP(M, V, torch.device("cpu"))
+    slots = rng.sample(range(M), rng.randint(2, M))
+    for i, slot in enumerate(slots):
+        pairs = {t: rng.uniform(-5, 5) for t in rng.sample(range(V), rng.randint(1, 40))} | ({0: 7.5} if i else {})
+        seq = SimpleNamespace(params=SamplingParams(logit_bias=pairs, min_p=rng.uniform(0.01, 0.9),
+                                                    temperature=rng.choice([0.5, 1.0, 1.3])))
+        bias.add(slot, seq)
+        min_p.add(slot, seq)
+    size = len(slots) + rng.randint(0, 2)
+    index, slot_ids = torch.tensor(rng.sample(range(size), len(slots))), torch.tensor(slots)
+    logits = torch.randn(size, V, generator=gen) * 3
+    logits[torch.rand(size, V, generator=gen) < 0.1] = float("-inf")
+    want = logits.clone()
+    rows = Rows(index, slot_ids, slots, [None] * len(slots), [0] * len(slots), None)
+    bias.apply(want, rows)
+    min_p.apply(want, rows)
+    got = logits.clone().to(DEVICE)
+    on = {name: t.to(DEVICE) for name, t in (("index", index), ("slots", slot_ids), ("ids", bias.ids),
+                                             ("values", bias.values), ("sizes", bias.sizes), ("floor", min_p.floor))}
+    triton_fused.triton_logit_bias(got, on["index"], on["slots"], on["ids"], on["values"], on["sizes"])
+    triton_fused.triton_min_p(got, on["index"], on["slots"], on["floor"])
+    assert (want == float("-inf")).sum() > (logits == float("-inf")).sum()  # min_p cut something
+    assert torch.equal(got.cpu(), want)

@@ -47,6 +47,7 @@ class LogitBias(LogitsProcessor):
         super().__init__(*args)
         self.ids = torch.zeros(self.max_rows, 0, dtype=torch.long, device=self.device)
         self.values = torch.zeros(self.max_rows, 0, device=self.device)
+        self.sizes = torch.zeros(self.max_rows, dtype=torch.long, device=self.device)  # each slot's pairs
 
     def add(self, slot, seq):
         ids, values = cached(seq.params, "_bias", seq.params.logit_bias,
@@ -57,8 +58,12 @@ class LogitBias(LogitsProcessor):
         self.ids[slot], self.values[slot] = 0, 0.0
         self.ids[slot, :len(ids)] = ids.to(self.device, non_blocking=True)
         self.values[slot, :len(ids)] = values.to(self.device, non_blocking=True)
+        self.sizes[slot] = len(ids)
 
     def apply(self, logits, rows):
+        if self.device.type == "cuda":  # lesson 06's kernel: one launch
+            from nanoserve.kernels.triton_fused import triton_logit_bias  # (Triton: on GPU machines only)
+            return triton_logit_bias(logits, rows.index, rows.slots, self.ids, self.values, self.sizes)
         # into the flattened logits: each (row, token) pair once, padding aside, so the sum is exact in any order
         flat = rows.index[:, None] * logits.shape[1] + self.ids[rows.slots]
         logits.view(-1).index_add_(0, flat.view(-1), self.values[rows.slots].view(-1))
@@ -87,6 +92,9 @@ class MinP(LogitsProcessor):
         self.floor[slot] = seq.params.temperature * math.log(seq.params.min_p)
 
     def apply(self, logits, rows):
+        if self.device.type == "cuda":  # lesson 06's kernel: one launch, two passes over each row
+            from nanoserve.kernels.triton_fused import triton_min_p  # (Triton: on GPU machines only)
+            return triton_min_p(logits, rows.index, rows.slots, self.floor)
         if len(rows.seqs) == len(logits):  # every row: one pass in place (gathering, filling, writing back: three)
             floor = logits.amax(dim=-1, keepdim=True) + self.floor[rows.slots, None]
             logits.masked_fill_(logits < floor, float("-inf"))

@@ -316,3 +316,47 @@ def triton_count_drawn(slots, tokens, history, count, length) -> None:
     if len(slots):
         _count_drawn_kernel[(len(slots),)](slots, tokens, history, count, length, history.shape[1], BLOCK=256,
                                            num_warps=2)
+
+
+@triton.jit
+def _logit_bias_kernel(logits, stride, rows, slots, ids, values, sizes, W, BLOCK: tl.constexpr):
+    """One row's biases added: its slot's first sizes[slot] (token, bias) pairs, each token once."""
+    r = tl.program_id(0)
+    row, slot = tl.load(rows + r).to(tl.int64), tl.load(slots + r).to(tl.int64)
+    n = tl.load(sizes + slot)
+    for start in range(0, n, BLOCK):
+        j = start + tl.arange(0, BLOCK)
+        token = tl.load(ids + slot * W + j, mask=j < n, other=0)
+        x = tl.load(logits + row * stride + token, mask=j < n, other=0.0)
+        bias = tl.load(values + slot * W + j, mask=j < n, other=0.0)
+        tl.store(logits + row * stride + token, x + bias, mask=j < n)
+
+
+def triton_logit_bias(logits, rows, slots, ids, values, sizes) -> None:
+    """features/logit_edits.py's LogitBias in place: ids, values [slots, W], sizes [slots] (pairs in use)."""
+    if len(rows):
+        _logit_bias_kernel[(len(rows),)](logits, logits.stride(0), rows, slots, ids, values, sizes, ids.shape[1],
+                                         BLOCK=128, num_warps=2)
+
+
+@triton.jit
+def _min_p_kernel(logits, stride, rows, slots, floor, V, BLOCK: tl.constexpr):
+    """One row's min_p: -inf wherever a logit is below the row's largest plus its slot's floor (two passes)."""
+    r = tl.program_id(0)
+    row = tl.load(rows + r).to(tl.int64)
+    best = float("-inf")
+    for start in range(0, V, BLOCK):
+        cols = start + tl.arange(0, BLOCK)
+        best = tl.maximum(best, tl.max(tl.load(logits + row * stride + cols, mask=cols < V, other=float("-inf")), 0))
+    cut = best + tl.load(floor + tl.load(slots + r))
+    for start in range(0, V, BLOCK):
+        cols = start + tl.arange(0, BLOCK)
+        x = tl.load(logits + row * stride + cols, mask=cols < V, other=0.0)
+        tl.store(logits + row * stride + cols, float("-inf"), mask=(cols < V) & (x < cut))
+
+
+def triton_min_p(logits, rows, slots, floor) -> None:
+    """features/logit_edits.py's MinP in place: logits [B, V] float32, rows [R] of logits, floor [slots]."""
+    if len(rows):
+        _min_p_kernel[(len(rows),)](logits, logits.stride(0), rows, slots, floor, logits.shape[1], BLOCK=2048,
+                                    num_warps=8)
