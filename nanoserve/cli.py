@@ -328,6 +328,11 @@ def generate(args) -> int:
 
 
 def serve(args) -> int:
+    if args.headless:  # another node of a tensor-parallel engine: its ranks only, no server (lesson 07)
+        from nanoserve.engine.engine_args import EngineArgs
+        from nanoserve.engine.tp_nodes import serve_node
+
+        return serve_node(EngineArgs.from_cli_args(args))
     from nanoserve.engine.engine_args import EngineArgs
     from nanoserve.engine.llm import LLM
     from nanoserve.serve.api_server import serve as serve_http

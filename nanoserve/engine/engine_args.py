@@ -150,6 +150,13 @@ class EngineArgs:
     max_logprobs: int = 20  # the most log-probs a request may ask for per token
     async_scheduling: bool | None = None  # None: on unless eager
     custom_all_reduce: bool = False  # lesson 07's one-shot all-reduce for small messages (GPUs)
+    # Tensor parallelism over several machines (lesson 07): node 0 runs the engine, node k > 0 only its ranks
+    # (headless: `nanoserve serve MODEL --headless`); they meet at master_addr:master_port
+    nnodes: int = 1
+    node_rank: int = 0
+    master_addr: str = "127.0.0.1"
+    master_port: int = 29501
+    headless: bool = False
     # nanoserve's own
     device: str | None = None  # None: a GPU if there is one
     cpu_kv_cache_gib: float = 1.0  # the KV pool's memory on a CPU
@@ -167,7 +174,7 @@ class EngineArgs:
 
     def __post_init__(self):
         least = {"max_model_len": 1, "max_num_seqs": 1, "max_num_batched_tokens": 1, "block_size": 1,
-                 "tensor_parallel_size": 1, "max_logprobs": 0}
+                 "tensor_parallel_size": 1, "max_logprobs": 0, "nnodes": 1, "node_rank": 0, "master_port": 1}
         if self.num_gpu_blocks_override is not None:
             least["num_gpu_blocks_override"] = 1
         for name, lowest in least.items():
@@ -183,7 +190,7 @@ class EngineArgs:
         if isinstance(self.seed, bool) or not isinstance(self.seed, int):
             raise ValueError(f"seed must be an integer, got {self.seed!r}")
         for name in ("enable_prefix_caching", "enable_chunked_prefill", "custom_all_reduce", "fused_ops",
-                     "enforce_eager", "async_scheduling", "disable_log_stats"):
+                     "enforce_eager", "async_scheduling", "disable_log_stats", "headless"):
             value = getattr(self, name)
             if not isinstance(value, bool) and not (value is None and name in ("enforce_eager", "async_scheduling")):
                 raise ValueError(f"{name} must be True or False, got {value!r}")
@@ -193,6 +200,17 @@ class EngineArgs:
         if isinstance(self.cpu_kv_cache_gib, bool) or not isinstance(self.cpu_kv_cache_gib, (int, float)) \
                 or not self.cpu_kv_cache_gib > 0:
             raise ValueError(f"cpu_kv_cache_gib must be a number > 0, got {self.cpu_kv_cache_gib!r}")
+        if self.node_rank >= self.nnodes:
+            raise ValueError(f"node_rank must be below nnodes ({self.nnodes}), got {self.node_rank}")
+        if self.tensor_parallel_size % self.nnodes:
+            raise ValueError(f"tensor_parallel_size {self.tensor_parallel_size} does not divide over nnodes "
+                             f"{self.nnodes}: each node runs tensor_parallel_size / nnodes ranks")
+        if self.master_port > 65535 or not isinstance(self.master_addr, str) or not self.master_addr:
+            raise ValueError(f"master_addr must be a host and master_port a port, got {self.master_addr!r}, "
+                             f"{self.master_port}")
+        if self.headless != (self.node_rank > 0):
+            raise ValueError(f"node 0 runs the engine and every other node only its ranks: headless exactly when "
+                             f"node_rank > 0, got node_rank {self.node_rank} with headless {self.headless}")
         if self.tensor_parallel_size > 1 and not self.fused_ops:
             raise ValueError("tensor parallelism (lesson 07) cuts lesson 06's fused model: leave fused_ops=True")
         if not isinstance(self.kv_cache_dtype, str) or self.kv_cache_dtype not in ("auto", *KV_CACHE_DTYPES):

@@ -185,7 +185,10 @@ class LLM:
             self.workers = args.parts.get("tp_workers")(path, dtype, device, args.tensor_parallel_size,
                                                         compiled=not self.enforce_eager,
                                                         custom_all_reduce=args.custom_all_reduce,
-                                                        parts={n: args.parts.path(n) for n in ("model", "graphs")})
+                                                        parts={n: args.parts.path(n) for n in ("model", "graphs")},
+                                                        nodes=dict(nnodes=args.nnodes, node_rank=args.node_rank,
+                                                                   master_addr=args.master_addr,
+                                                                   master_port=args.master_port))
             self.model = self.workers.model  # rank 0's slice
         elif self.fused_ops:
             self.model = load_model(path, dtype, device, args.parts.get("model"), compiled=not self.enforce_eager)

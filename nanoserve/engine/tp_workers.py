@@ -33,6 +33,12 @@ died. Shutdown (llm.shutdown(), or a finalizer at garbage collection or interpre
 workers, kills those that do not stop within seconds and destroys the process group, so another
 tensor-parallel LLM can start in the same process.
 
+Several machines (section 7, engine/tp_nodes.py): with nnodes > 1 this process is node 0 and holds ranks
+0..L-1 (L = size / nnodes ranks a node); node k, started by `nanoserve serve MODEL --headless`, holds ranks
+kL..kL+L-1 and runs them as this module's workers. Each of them talks to rank 0 over a TCP socket of its own
+instead of a pipe: the same Connection, so the same messages. Rank 0 sees a node go through one more socket
+per node, which that node's process holds (its death closes it). Rank r runs on device r mod L.
+
 `spawn` starts each worker as a fresh Python that imports the main script's module: a script that
 makes a tensor-parallel LLM must do so under `if __name__ == "__main__":` (as with vLLM). A worker builds
 its parts (the model, the graphs) from their import paths (lesson 05's EngineParts): a class defined in a
@@ -62,20 +68,24 @@ from nanoserve.model.tp_layers import OneShotTPGroup, TPGroup
 # Both sides: the process group, and a step's metadata as it travels
 
 
-def device_of(device_type: str, rank: int) -> torch.device:
-    return torch.device("cuda", rank) if device_type == "cuda" else torch.device("cpu")
+def device_of(device_type: str, local_rank: int) -> torch.device:
+    """A rank's device: the GPU of its place on its machine (cuda:0 for the first rank of a node)."""
+    return torch.device("cuda", local_rank) if device_type == "cuda" else torch.device("cpu")
 
 
-def join_group(store, rank: int, size: int, device: torch.device) -> None:
-    """Join the default process group: NCCL between GPUs, gloo on a CPU."""
+def join_group(store, rank: int, size: int, device: torch.device, local_size: int | None = None) -> None:
+    """Join the default process group: NCCL between GPUs, gloo on a CPU. local_size: the ranks on this
+    machine (None: all of them)."""
     if device.type == "cuda":
         torch.cuda.set_device(device)
         dist.init_process_group("nccl", store=store, rank=rank, world_size=size, device_id=device)
     else:
         dist.init_process_group("gloo", store=store, rank=rank, world_size=size)
         # The ranks share the CPU's cores: more threads than cores, and each rank's idle threads
-        # spin while another rank's need the core (a TP=2 step on 2 cores ran ~10x slower).
-        torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // size))
+        # spin while another rank's need the core (a TP=2 step on 2 cores ran ~10x slower). Never more
+        # than the process was given (OMP_NUM_THREADS): two nodes may share one machine, as in the tests.
+        share = len(os.sched_getaffinity(0)) // (local_size or size)
+        torch.set_num_threads(max(1, min(share, torch.get_num_threads())))
 
 
 def tp_group(rank: int, size: int, dtype: torch.dtype, device: torch.device, custom_all_reduce: bool) -> TPGroup:
@@ -92,14 +102,17 @@ def tp_group(rank: int, size: int, dtype: torch.dtype, device: torch.device, cus
 
 
 def watch_parent() -> None:
-    """Exit as soon as rank 0's process is gone, even from inside a collective that will never end."""
+    """Exit as soon as the parent (rank 0's process, or a headless node's) is gone, even from inside a
+    collective that will never end."""
     multiprocessing.connection.wait([mp.parent_process().sentinel])
     os._exit(1)
 
 
-def worker_main(rank: int, size: int, conn, port: int, path: str, dtype: torch.dtype, device_type: str,
-                compiled: bool, custom_all_reduce: bool, parts: dict) -> None:
-    """A worker process's whole life: join the group, load its slice, then serve rank 0's commands."""
+def worker_main(rank: int, size: int, conn, store_at: tuple[str, int], path: str, dtype: torch.dtype,
+                device_type: str, compiled: bool, custom_all_reduce: bool, parts: dict,
+                local_size: int | None = None) -> None:
+    """A worker process's whole life: join the group, load its slice, then serve rank 0's commands. conn: its
+    pipe or socket to rank 0; store_at: (host, port) of rank 0's TCPStore; local_size: ranks a machine."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is for rank 0, which then stops us
     threading.Thread(target=watch_parent, daemon=True).start()
     if compiled:  # a daemon process may not start children: torch.compile compiles in this process
@@ -107,15 +120,15 @@ def worker_main(rank: int, size: int, conn, port: int, path: str, dtype: torch.d
 
         torch._inductor.config.compile_threads = 1
     try:
-        device = device_of(device_type, rank)
+        device = device_of(device_type, rank % (local_size or size))
         conn.send(("hello",))
-        store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=120))
-        join_group(store, rank, size, device)
+        store = dist.TCPStore(*store_at, is_master=False, timeout=timedelta(seconds=120))
+        join_group(store, rank, size, device, local_size)
         group = tp_group(rank, size, dtype, device, custom_all_reduce)
         model = load_model(path, dtype, device, import_part(parts["model"]), group=group, compiled=compiled)
         conn.send(("ready",))
         serve(conn, model, device, parts)
-    except (EOFError, BrokenPipeError):
+    except (EOFError, ConnectionError):  # a pipe's end closed, a socket's closed or reset
         pass  # rank 0 is gone: nobody to report to
     except BaseException:
         conn.send(("error", traceback.format_exc()))
@@ -162,9 +175,10 @@ class TPWorkers:
     deaths, and shuts everything down."""
 
     def __init__(self, path, dtype: torch.dtype, device: torch.device, size: int, compiled: bool,
-                 custom_all_reduce: bool = False, parts: dict | None = None):
+                 custom_all_reduce: bool = False, parts: dict | None = None, nodes: dict | None = None):
         """parts: {"model": ..., "graphs": ...}, import paths of the classes the workers build (spawned:
-        each is a fresh Python, which imports them)."""
+        each is a fresh Python, which imports them). nodes: EngineArgs' nnodes, node_rank, master_addr and
+        master_port, for a group over several machines (section 7; None: this machine alone)."""
         gc.collect()  # a tensor-parallel LLM dropped without shutdown() gives its process group back now
         if dist.is_initialized():
             if ABANDONED:
@@ -172,33 +186,50 @@ class TPWorkers:
                                    "process group could not be torn down: restart Python to start another")
             raise RuntimeError("torch.distributed is already initialised in this process: shut the other "
                                "tensor-parallel LLM down first (llm.shutdown())")
+        nnodes = nodes["nnodes"] if nodes else 1
+        local = size // nnodes  # the ranks of this machine: 0..local-1
         if device.type == "cuda" and (device.index or 0) != 0:
             raise ValueError(f"with tensor parallelism rank r runs on cuda:r: pass device='cuda', not {device}")
-        if device.type == "cuda" and torch.cuda.device_count() < size:
-            raise ValueError(f"tensor_parallel_size {size} needs {size} GPUs; this machine has "
+        if device.type == "cuda" and torch.cuda.device_count() < local:
+            raise ValueError(f"tensor_parallel_size {size} needs {local} GPUs on this machine; it has "
                              f"{torch.cuda.device_count()}")
         self.size, self.device = size, device_of(device.type, 0)
         self.parts = {"model": "nanoserve.model.qwen3_fused:FusedQwen3ForCausalLM",
                       "graphs": "nanoserve.engine.cuda_graphs:CUDAGraphs", **(parts or {})}
         self.failures: list[str] = []  # written by the monitor thread
-        store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)  # port 0: any free port
+        self.nodes = None  # the other machines' ranks (section 7), if any
+        if nnodes > 1:  # they join first: the store is theirs too, and a node that cannot join stops us here
+            self.nodes = import_part("nanoserve.engine.tp_nodes:Nodes")(
+                path, dtype, device.type, size, compiled, custom_all_reduce, self.parts, **nodes)
+            store, host = self.nodes.store, nodes["master_addr"]
+        else:
+            store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)  # port 0: any free port
+            host = "127.0.0.1"
         ctx = mp.get_context("spawn")  # a process that uses CUDA cannot be forked
         self.procs, self.conns = [], []
-        for rank in range(1, size):
+        for rank in range(1, local):
             ours, theirs = ctx.Pipe()
             proc = ctx.Process(target=worker_main, name=f"nanoserve-tp-rank{rank}", daemon=True,
-                               args=(rank, size, theirs, store.port, str(path), dtype, device.type, compiled,
-                                     custom_all_reduce, self.parts))
+                               args=(rank, size, theirs, (host, store.port), str(path), dtype, device.type,
+                                     compiled, custom_all_reduce, self.parts, local))
             proc.start()
             theirs.close()  # the worker's end lives in the worker only: its exit closes the pipe
             self.procs.append(proc)
             self.conns.append(ours)
+        # what to wait on to see worker rank r gone: its process, or the socket of the node that runs it
+        self.deaths = [proc.sentinel for proc in self.procs]
+        controls = {}  # a node's socket -> its description, watched by the monitor
+        if self.nodes is not None:
+            self.conns += self.nodes.conns
+            self.deaths += [self.nodes.control_of(rank) for rank in range(local, size)]
+            controls = self.nodes.described()
         self._wake, wake = ctx.Pipe()
         settled = threading.Event()  # set by the monitor as it returns (after its abort, if it aborts)
-        threading.Thread(target=monitor, args=(self.procs, wake, self.failures, device.type == "cuda", settled),
-                         daemon=True).start()
+        threading.Thread(target=monitor, args=(self.procs, wake, self.failures, device.type == "cuda", settled,
+                                               controls), daemon=True).start()
         self.closed = None  # why the group cannot run steps any more, once it cannot
-        self._finalizer = weakref.finalize(self, stop, self.procs, self.conns, self._wake, settled,
+        # shutdown stops the other nodes as it stops the workers: ("stop",) on their sockets too
+        self._finalizer = weakref.finalize(self, stop, self.procs, [*self.conns, *controls], self._wake, settled,
                                            torch.get_num_threads())
         try:
             try:
@@ -208,7 +239,7 @@ class TPWorkers:
                                    "the LLM at its top level: spawned workers import the main module, so create a "
                                    "tensor-parallel LLM under `if __name__ == \"__main__\":` (the worker's own "
                                    "error is in its stderr, above)") from e
-            join_group(store, 0, size, self.device)
+            join_group(store, 0, size, self.device, local)
             group = tp_group(0, size, dtype, self.device, custom_all_reduce)
             self.model = load_model(path, dtype, self.device, import_part(self.parts["model"]), group=group,
                                     compiled=compiled)
@@ -230,8 +261,8 @@ class TPWorkers:
     def replies(self, kind: str) -> list:
         """Each worker's next message, which must be `kind`; a worker that fails or dies meanwhile raises."""
         out = []
-        for rank, (conn, proc) in enumerate(zip(self.conns, self.procs), 1):
-            multiprocessing.connection.wait([conn, proc.sentinel])
+        for rank, (conn, death) in enumerate(zip(self.conns, self.deaths), 1):
+            multiprocessing.connection.wait([conn, death])
             try:
                 reply = conn.recv() if conn.poll() else None
             except (EOFError, OSError):  # a closed pipe reads as ready: the worker is gone
@@ -313,20 +344,28 @@ class TPWorkers:
             self._finalizer()
 
 
-def monitor(procs: list, wake, failures: list, abort_on_death: bool, settled: threading.Event) -> None:
-    """The monitor thread: wait until a worker exits, or until shutdown wakes it."""
+def monitor(procs: list, wake, failures: list, abort_on_death: bool, settled: threading.Event,
+            controls: dict | None = None) -> None:
+    """The monitor thread: wait until a worker exits or another node goes, or until shutdown wakes it."""
     try:
-        watch(procs, wake, failures, abort_on_death)
+        watch(procs, wake, failures, abort_on_death, controls or {})
     finally:
         settled.set()  # stop() may now leave the process group: no abort is running any more
 
 
-def watch(procs: list, wake, failures: list, abort_on_death: bool) -> None:
+def watch(procs: list, wake, failures: list, abort_on_death: bool, controls: dict) -> None:
     sentinels = {proc.sentinel: rank for rank, proc in enumerate(procs, 1)}
-    ready = multiprocessing.connection.wait([wake, *sentinels])
+    ready = multiprocessing.connection.wait([wake, *sentinels, *controls])
     if wake in ready:
         return  # shutdown: a worker exiting now is expected
     for s in ready:
+        if s in controls:  # another node: it says which rank died, or its socket closed with it
+            try:
+                said = s.recv()
+            except (EOFError, OSError):
+                said = ("gone", "its connection closed (its process ended, or its machine is unreachable)")
+            failures.append(f"tensor-parallel {controls[s]} is gone: {said[-1]}")
+            continue
         proc = procs[sentinels[s] - 1]
         proc.join()
         failures.append(f"tensor-parallel worker rank {sentinels[s]} ({proc.name}, pid {proc.pid}) died "
