@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-# python bench/llguidance_parallel.py: mask fill time per step, 16 rows of a regex in distinct states, 1 and 2 threads.
+# python bench/llguidance_parallel.py: mask fill time per step, 16 rows of a regex in distinct states, 1 and 2
+# threads; llguidance's default slices (copies, own matchers) against the engine's (the regex's own slices).
 """Does LLExecutor fill masks in parallel for deep copies of one compiled matcher, or only for separately
 compiled ones? 2 threads vs 1, rows in distinct states."""
 import time, torch, llguidance, random
@@ -32,6 +33,6 @@ def run(make, threads):
 base = compile_checked(ll, spec)[1]
 copies = base.deep_copy
 own = lambda: llguidance.LLMatcher(ll, llguidance.LLMatcher.grammar_from_regex(spec.regex), log_level=0)
-engine = compiled_grammar(tok, spec).matcher  # the engine's: copies of MASK_THREADS compiled ones in turn
+engine = compiled_grammar(tok, spec).matcher  # the engine's: copies of MASK_THREADS compiled ones, the regex's slices
 for name, make in (("deep copies", copies), ("own matchers", own), ("the engine's", engine)):
     print(name, {n: f"{run(make, n):.1f} ms/step" for n in (1, 2)})
