@@ -161,4 +161,7 @@ def no_attribute(name: str) -> AttributeError:
     if name in POOLING:
         return AttributeError(f"LLM.{name}: pooling models (embeddings, classes, scores, rewards) are not "
                               "supported: nanoserve generates text")
+    if name in ("sleep", "wake_up", "is_sleeping"):  # vLLM's sleep mode: hands the GPU's memory to another process
+        return AttributeError(f"LLM.{name}: sleep mode is not supported by nanoserve: shut the LLM down "
+                              "(LLM.shutdown()) and create it again")
     return AttributeError(f"'LLM' object has no attribute {name!r}")

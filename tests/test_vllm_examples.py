@@ -357,7 +357,9 @@ def test_what_nanoserve_does_not_do_is_refused_by_name():
         for method in ("embed", "classify", "score", "reward", "encode"):
             with pytest.raises(AttributeError, match=f"LLM.{method}: pooling models"):
                 getattr(llm, method)
-        assert not hasattr(llm, "sleep")
+        for method in ("sleep", "wake_up"):
+            with pytest.raises(AttributeError, match=f"LLM.{method}: sleep mode is not supported"):
+                getattr(llm, method)()
 
 
 def test_generate_takes_vllms_older_prompt_token_ids(llm):
