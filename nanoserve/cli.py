@@ -197,6 +197,14 @@ def add_serve_parser(sub) -> None:
                        help="log-probs name their tokens 'token_id:N' unless a request says otherwise")
     serve.add_argument("--enable-force-include-usage", action="store_true",
                        help="every stream ends with a usage chunk, as with stream_options.include_usage")
+    serve.add_argument("--enable-prompt-tokens-details", action="store_true",
+                       help="usage carries prompt_tokens_details.cached_tokens (the prompt's tokens found cached)")
+    serve.add_argument("--enable-server-load-tracking", action="store_true",
+                       help="GET /load counts the generation requests being served")
+    serve.add_argument("--enable-per-request-metrics", action="store_true",
+                       help="a response carries its request's timings as metrics (a stream: on its usage chunk)")
+    serve.add_argument("--root-path", default=None,
+                       help="the path prefix a proxy serves the API under (every route answers with it and without)")
     serve.add_argument("--reasoning-parser", default=None, metavar="NAME",
                        help="put a chat answer's thinking apart from its content (message.reasoning): qwen3 "
                             "(<think> ... </think>); with it, the chat template's thinking is on by default")
@@ -358,7 +366,10 @@ def serve(args) -> int:
                enable_request_id_headers=args.enable_request_id_headers,
                return_tokens_as_token_ids=args.return_tokens_as_token_ids,
                enable_force_include_usage=args.enable_force_include_usage,
-               reasoning_parser=args.reasoning_parser)
+               reasoning_parser=args.reasoning_parser,
+               enable_prompt_tokens_details=args.enable_prompt_tokens_details,
+               enable_server_load_tracking=args.enable_server_load_tracking,
+               enable_per_request_metrics=args.enable_per_request_metrics, root_path=args.root_path)
     return 0
 
 

@@ -48,7 +48,7 @@ def test_vllm_metric_names_move_with_the_requests(llm):
     """Every series also under vLLM's name and labels (model_name, engine), counting what the requests did:
     tokens, finishes, latencies, prefix-cache lookups; the gauges while a request runs and after."""
     prompt = list(range(2000, 2040))  # 40 tokens: the second time, its 2 full blocks of 16 come from the cache
-    with running(build_app(llm, MODEL)) as url:
+    with running(build_app(llm, MODEL, enable_prompt_tokens_details=True)) as url:
         replies = [post(url, "/v1/completions", {"prompt": prompt, "max_tokens": 4, "ignore_eos": True}).json()
                    for _ in range(2)]
         replies.append(post(url, "/v1/chat/completions", {"messages": CHAT, "max_tokens": 3, "ignore_eos": True}).json())
@@ -63,6 +63,10 @@ def test_vllm_metric_names_move_with_the_requests(llm):
         assert vllm(done, "inter_token_latency_seconds_count") == generated - 3  # between tokens of one request
         assert vllm(done, "prefix_cache_queries_total") == prompt_tokens
         assert vllm(done, "prefix_cache_hits_total") == sum(u["prompt_tokens_details"]["cached_tokens"] for u in usages)
+        # one observation per engine step (one request at a time: a prefill, then a step per other token), of
+        # the prompt tokens it computed (not the cached ones) and the token it drew
+        assert vllm(done, "iteration_tokens_total_count") == generated
+        assert vllm(done, "iteration_tokens_total_sum") == prompt_tokens - 32 + generated
         # each vllm: series is a nanoserve: one under vLLM's name, with vLLM's labels
         ours = {(name.replace("nanoserve:", "vllm:"), labels | {("engine", "0")}): value
                 for (name, labels), value in done.items() if name.startswith("nanoserve:")}
@@ -109,6 +113,8 @@ def test_an_unknown_field_is_ignored_with_one_warning_naming_it(llm, caplog):
                                       ("/v1/completions", {**plain, "seed": -2**63 - 1}, "seed")]:
             reply = post(url, endpoint, body)
             assert reply.status_code == 400 and reply.json()["error"]["param"] == param, reply.text
+        too_big = post(url, "/v1/completions", {**plain, "seed": 2**63}).json()["error"]["message"]
+        assert too_big.endswith("[type=less_than_equal]"), too_big  # pydantic's name for it, as vLLM's says
         for seed in (2**63 - 1, -2**63):  # int64's ends are seeds like any other
             assert post(url, "/v1/completions", {**plain, "seed": seed, "temperature": 1}).status_code == 200
 
@@ -164,7 +170,9 @@ def test_return_tokens_as_token_ids_the_field_and_the_flag(llm):
         assert logprobs["tokens"] == [decode([t]) for t in ids]
         ids, logprobs = completion_names(url, return_tokens_as_token_ids=True)
         assert logprobs["tokens"] == [f"token_id:{t}" for t in ids]
-        assert all(f"token_id:{t}" in top and len(top) >= 2 for t, top in zip(ids, logprobs["top_logprobs"]))
+        # each step's own token first, then the likeliest (vLLM's order)
+        assert all(next(iter(top)) == f"token_id:{t}" and len(top) >= 2
+                   for t, top in zip(ids, logprobs["top_logprobs"]))
         named = post(url, "/v1/chat/completions", {**chat, "return_tokens_as_token_ids": True}).json()
         assert all(re.fullmatch(r"token_id:\d+", e["token"]) and all(re.fullmatch(r"token_id:\d+", t["token"])
                    for t in e["top_logprobs"]) for e in named["choices"][0]["logprobs"]["content"])
@@ -179,7 +187,8 @@ def test_return_tokens_as_token_ids_the_field_and_the_flag(llm):
 
 
 def test_force_include_usage(llm):
-    """--enable-force-include-usage: every stream ends with the usage chunk, stream_options or not."""
+    """--enable-force-include-usage: every chunk carries the counts so far and the stream ends with the usage
+    chunk, whatever stream_options say (vLLM's rule)."""
     body = {"prompt": "Once", "max_tokens": 3, "ignore_eos": True}
     with running(build_app(llm, MODEL)) as url:
         assert all("usage" not in e for e in streamed(url, "/v1/completions", body))
@@ -187,7 +196,7 @@ def test_force_include_usage(llm):
         for options in ({}, {"stream_options": {"include_usage": False}}):
             chunks = streamed(url, "/v1/completions", {**body, **options})
             assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 3
-            assert all(c["usage"] is None for c in chunks[:-1])
+            assert [c["usage"]["completion_tokens"] for c in chunks[:-1]] == [1, 2, 3]
 
 
 def test_request_id_headers(llm):
@@ -232,8 +241,11 @@ def test_vllm_api_key_from_the_environment(monkeypatch):
     served = {}
     monkeypatch.setenv("VLLM_API_KEY", "from-env")
     monkeypatch.setattr(api_server, "serve", lambda llm, name, host, port, waiting, api_key, **kw:
-                        served.update(llm=llm, name=name, api_key=api_key))
-    assert main(["serve", MODEL, "--device", "cpu", "--num-gpu-blocks-override", "16"]) == 0
+                        served.update(llm=llm, name=name, api_key=api_key, **kw))
+    flags = ["--enable-prompt-tokens-details", "--enable-server-load-tracking", "--enable-per-request-metrics"]
+    assert main(["serve", MODEL, "--device", "cpu", "--num-gpu-blocks-override", "16", *flags,
+                 "--root-path", "/llm"]) == 0
+    assert all(served[f[2:].replace("-", "_")] is True for f in flags) and served["root_path"] == "/llm"
     with TestClient(build_app(served["llm"], served["name"], api_key=served["api_key"])) as http:
         assert http.get("/v1/models", headers={"Authorization": "Bearer wrong"}).status_code == 401
         assert http.get("/v1/models", headers={"Authorization": "Bearer from-env"}).status_code == 200
@@ -324,3 +336,89 @@ def test_structured_output_fields_that_agree_are_taken_together(llm):
         assert schema_twice.status_code == 200, schema_twice.text
         differ = post(url, "/v1/completions", {**base, "structured_outputs": {"regex": "a+"}, "guided_regex": "b+"})
         assert differ.status_code == 400 and differ.json()["error"]["param"] == "guided_regex", differ.text
+
+
+def test_server_load_orca_report_timings_and_root_path(llm):
+    """--enable-server-load-tracking: GET /load counts the generation requests in flight (a stream until its
+    end). An ORCA load report when a request asks for one (endpoint-load-metrics-format). With
+    --enable-per-request-metrics a response carries its timings (a stream: on its usage chunk), and with
+    --enable-prompt-tokens-details its usage the cached tokens (left out otherwise, as vLLM). --root-path:
+    every route answers under the prefix too. /invocations is a chat or a completion, as its body says."""
+    body = {"prompt": [5, 6, 7, 8], "max_tokens": 3, "temperature": 0, "ignore_eos": True}
+    app = build_app(llm, MODEL, enable_server_load_tracking=True, enable_per_request_metrics=True,
+                    enable_prompt_tokens_details=True, root_path="/llm")
+    with running(app) as url:
+        assert httpx.get(f"{url}/llm/load").json() == {"server_load": 0}
+        with httpx.stream("POST", f"{url}/v1/completions", json={**body, "max_tokens": 300, "stream": True}) as r:
+            lines = r.iter_lines()  # (held: an iterator let go of closes the connection)
+            next(lines)
+            assert httpx.get(f"{url}/load").json() == {"server_load": 1}
+        for _ in range(100):  # the stream's end is the request's
+            if httpx.get(f"{url}/load").json()["server_load"] == 0:
+                break
+            time.sleep(0.02)
+        assert httpx.get(f"{url}/load").json() == {"server_load": 0}
+
+        text = post(url, "/llm/v1/completions", body, headers={"endpoint-load-metrics-format": "TEXT"})
+        report = text.headers["endpoint-load-metrics"]
+        number = r"[\d.e-]+"
+        assert re.fullmatch(rf"TEXT named_metrics\.kv_cache_usage_perc={number}, "
+                            rf"named_metrics\.num_requests_waiting=0\.0", report), report
+        reply = post(url, "/v1/completions", body, headers={"endpoint-load-metrics-format": "JSON"})
+        named = json.loads(reply.headers["endpoint-load-metrics"].removeprefix("JSON "))["named_metrics"]
+        assert set(named) == {"kv_cache_usage_perc", "num_requests_waiting"}
+        assert reply.json()["choices"] == text.json()["choices"] and "endpoint-load-metrics" not in \
+            post(url, "/v1/completions", body).headers
+        metrics = reply.json()["metrics"]
+        assert set(metrics) == {"queue_time_ms", "time_to_first_token_ms", "generation_time_ms", "mean_itl_ms",
+                                "tokens_per_second"} and min(metrics.values()) >= 0
+        assert reply.json()["usage"]["prompt_tokens_details"] == {"cached_tokens": 0}
+        chunks = streamed(url, "/v1/chat/completions", {"messages": CHAT, "max_tokens": 1,
+                                                         "stream_options": {"include_usage": True}})
+        assert "mean_itl_ms" not in chunks[-1]["metrics"] and "time_to_first_token_ms" in chunks[-1]["metrics"]
+        assert not any("metrics" in c for c in chunks[:-1])
+
+        chat = {"messages": CHAT, "max_tokens": 3, "temperature": 0}
+        for route, request in (("/v1/chat/completions", chat), ("/v1/completions", body)):
+            invoked = post(url, "/invocations", request).json()
+            assert invoked["object"] == post(url, route, request).json()["object"]
+            assert invoked["choices"] == post(url, route, request).json()["choices"]
+        assert post(url, "/invocations", {"messages": "not a list"}).status_code == 400
+    with running(build_app(llm, MODEL)) as url:
+        plain = post(url, "/v1/completions", body).json()
+        assert "prompt_tokens_details" not in plain["usage"] and "metrics" not in plain
+        assert httpx.get(f"{url}/load").json() == {"server_load": 0}  # not counted without the flag
+
+
+def test_chat_echo_forwarded_prompt_ids_and_truncation_side(llm):
+    """A chat's echo puts the continued message in front of the answer (whole and streamed); a prefill
+    server's prompt_token_ids in kv_transfer_params are the prompt, unrendered; truncation_side "right" keeps
+    a prompt's first truncate_prompt_tokens tokens, "left" (the default) its last. A log-prob count of -1
+    is the whole vocabulary, within the server's max_logprobs."""
+    saying = "An apple a day keeps"
+    chat = {"messages": [{"role": "user", "content": "Say a saying"}, {"role": "assistant", "content": saying}],
+            "add_generation_prompt": False, "continue_final_message": True, "echo": True, "max_tokens": 3,
+            "temperature": 0, "return_token_ids": True}
+    with running(build_app(llm, MODEL)) as url:
+        reply = post(url, "/v1/chat/completions", chat).json()
+        answer = llm.tokenizer.decode(reply["choices"][0]["token_ids"], skip_special_tokens=True)
+        assert reply["choices"][0]["message"]["content"] == saying + answer
+        pieces = streamed(url, "/v1/chat/completions", chat)
+        assert "".join(c["choices"][0]["delta"].get("content", "") for c in pieces if c["choices"]) == saying + answer
+        other = {"messages": CHAT, "max_tokens": 3, "temperature": 0, "return_token_ids": True,
+                 "kv_transfer_params": {"prompt_token_ids": reply["prompt_token_ids"]}}
+        forwarded = post(url, "/v1/chat/completions", other).json()
+        assert forwarded["prompt_token_ids"] == reply["prompt_token_ids"]
+        assert forwarded["choices"][0]["token_ids"] == reply["choices"][0]["token_ids"]
+
+        ids = list(range(100, 108))
+        for side, kept in (("right", ids[:4]), ("left", ids[-4:]), (None, ids[-4:])):
+            cut = post(url, "/v1/completions", {"prompt": ids, "max_tokens": 1, "truncate_prompt_tokens": 4,
+                                                "truncation_side": side, "return_token_ids": True}).json()
+            assert cut["choices"][0]["prompt_token_ids"] == kept
+        wrong = post(url, "/v1/completions", {"prompt": ids, "truncation_side": "middle"})
+        assert wrong.status_code == 400 and wrong.json()["error"]["param"] == "truncation_side"
+        whole = post(url, "/v1/chat/completions", {"messages": CHAT, "logprobs": True, "top_logprobs": -1})
+        assert whole.status_code == 400 and "the whole vocabulary, 151936" in whole.json()["error"]["message"]
+        refused = post(url, "/v1/chat/completions", {"messages": CHAT, "logprobs": True, "logprob_token_ids": [5]})
+        assert refused.status_code == 400 and refused.json()["error"]["param"] == "logprob_token_ids"

@@ -11,7 +11,13 @@
     POST /v1/chat/completions  messages, through the model's chat template -> a message (with a reasoning
                                parser, its thinking apart: reasoning.py)
     POST /v1/responses         OpenAI's Responses API, its minimal part, run as a chat (responses.py)
+    POST /invocations          SageMaker's route: a chat completion or a completion, as the body says
     POST /tokenize, /detokenize; GET /tokenizer_info   vLLM's tokenizer routes
+    GET  /load                 requests being served (vLLM's --enable-server-load-tracking; else 0)
+
+A generation's response carries an ORCA load report (the endpoint-load-metrics header) when the request asks
+for one (endpoint-load-metrics-format: TEXT or JSON), as vLLM's does for load-aware proxies. With a root path
+(vLLM's --root-path, for a proxy that routes by path), every route also answers under it.
 
 With an API key, every route but /health, /ping, /version and /metrics needs it. A field of a request body
 that nothing here knows is ignored, as vLLM ignores it, and named in one warning per request; a field we know
@@ -26,6 +32,7 @@ SIGINT/SIGTERM: the listener closes, requests in flight end with a final error e
 killed, and the process exits 0.
 """
 import asyncio
+import json
 import logging
 import secrets
 import signal
@@ -48,12 +55,13 @@ from nanoserve.features.structured_outputs import ll_tokenizer
 from nanoserve.serve.async_engine import AsyncEngine, EngineStopped, QueueFull, RequestFailed, RequestStream
 from nanoserve.serve.chat_template import TemplateRefused, TemplateWorkers, check_variables, render
 from nanoserve.serve.metrics import ServerMetrics
-from nanoserve.serve.protocol import BadRequest, ChatCompletionRequest, CompletionRequest, DetokenizeRequest, SamplingRequest, TokenizeRequest, ToolCallText, chat_logprobs, chat_response, check_limits, chunk, completion_logprobs, completion_response, conversation, error_body, ignored_fields, new_id, parse_body, parse_tool_calls, prompt_logprobs_json, refuse_misplaced, sampling_params, sse, stream_usage, structured_output_spec, tool_call_grammar, tool_call_tokens, tool_choice, usage
+from nanoserve.serve.protocol import BadRequest, ChatCompletionRequest, CompletionRequest, DetokenizeRequest, SamplingRequest, TokenizeRequest, ToolCallText, chat_logprobs, chat_response, check_limits, chunk, completion_logprobs, completion_response, conversation, error_body, ignored_fields, message_text, new_id, parse_body, parse_tool_calls, prompt_logprobs_json, refuse_misplaced, request_metrics, sampling_params, sse, stream_usage, structured_output_spec, tool_call_grammar, tool_call_tokens, tool_choice, usage
 from nanoserve.serve.reasoning import Qwen3Reasoning, REASONING_PARSERS, ReasoningText, thinking_grammar
 from nanoserve.serve.responses import ResponseEvents, ResponsesRequest, chat_body, item_id, output_items, response_object
 
 MAX_BODY_BYTES = 8 * 2**20  # 8 MiB: a prompt that fits max_model_len is far smaller, as text or as token ids
-OPEN_ROUTES = {"/health", "/ping", "/version", "/metrics"}  # what answers without the API key: no request's text
+OPEN_ROUTES = {"/health", "/ping", "/version", "/metrics", "/load"}  # answer without the API key: no request's text
+LOAD_ROUTES = {"/v1/completions", "/v1/chat/completions", "/v1/responses", "/invocations"}  # counted by /load
 GRAMMAR_SECONDS = 10.0  # the most a request's constraint may take to compile and give its first mask
 GRAMMAR_THREADS = 4  # threads that compile constraints: no other work waits for them
 
@@ -93,7 +101,7 @@ class GuardV1:
             return error_response(status, type_, message, param)(scope, receive, send)
 
         given = dict(scope["headers"]).get(b"authorization", b"")
-        guarded = scope["path"] not in OPEN_ROUTES
+        guarded = scope["path"].removeprefix(scope.get("root_path", "")) not in OPEN_ROUTES
         if guarded and self.authorization is not None and not secrets.compare_digest(given, self.authorization):
             return await reply(401, "authentication_error", "invalid or missing API key")
         if scope["method"] != "POST":
@@ -146,10 +154,31 @@ class RequestIdHeader:
         await self.app(scope, receive, send_with_id)
 
 
+class LoadTracker:
+    """ASGI middleware, vLLM's --enable-server-load-tracking: how many generation requests (LOAD_ROUTES) the
+    server holds now, from the moment one arrives until its response's last byte is sent (a stream's too),
+    for GET /load; a router that balances by load reads it."""
+
+    def __init__(self, app, state):
+        self.app, self.state = app, state
+
+    async def __call__(self, scope, receive, send):
+        path = scope.get("path", "").removeprefix(scope.get("root_path", ""))
+        if scope["type"] != "http" or path not in LOAD_ROUTES:
+            return await self.app(scope, receive, send)
+        self.state.server_load += 1
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self.state.server_load -= 1
+
+
 def build_app(llm, model_name: str, max_waiting_requests: int = 256, api_key: str | None = None,
               max_body_bytes: int = MAX_BODY_BYTES, trust_request_chat_template: bool = False,
               enable_request_id_headers: bool = False, return_tokens_as_token_ids: bool = False,
-              enable_force_include_usage: bool = False, reasoning_parser: str | None = None) -> FastAPI:
+              enable_force_include_usage: bool = False, reasoning_parser: str | None = None,
+              enable_prompt_tokens_details: bool = False, enable_server_load_tracking: bool = False,
+              enable_per_request_metrics: bool = False, root_path: str | None = None) -> FastAPI:
     """The app for one loaded LLM. Its AsyncEngine starts with the server's event loop (lifespan). The
     keywords are `vllm serve`'s flags of those names:
     trust_request_chat_template: a chat request may bring its own template, which is rendered in a worker
@@ -159,13 +188,20 @@ def build_app(llm, model_name: str, max_waiting_requests: int = 256, api_key: st
     enable_force_include_usage: every stream ends with a usage chunk, as with stream_options.include_usage;
     reasoning_parser: "qwen3" splits a chat answer's thinking from its content (reasoning.Qwen3Reasoning), and
     the chat template's thinking is on unless a request turns it off (without it: off unless a request turns
-    it on)."""
+    it on);
+    enable_prompt_tokens_details: usage carries prompt_tokens_details.cached_tokens (the prefix cache's part);
+    enable_server_load_tracking: GET /load counts the generation requests being served (LoadTracker);
+    enable_per_request_metrics: a response carries its request's timings as "metrics" (a stream: on its usage
+    chunk), protocol.request_metrics;
+    root_path: the path prefix a proxy serves this app under (every route answers with it and without)."""
     metrics = ServerMetrics(model_name)
     tokenizer = llm.tokenizer
     if reasoning_parser is not None and reasoning_parser not in REASONING_PARSERS:
         raise ValueError(f"reasoning_parser: {reasoning_parser!r} is not one of {', '.join(REASONING_PARSERS)}")
     reasoning = Qwen3Reasoning(tokenizer) if reasoning_parser is not None else None
     max_logprobs = getattr(llm, "max_logprobs", 20)  # the LLM's cap (vLLM's default: 20)
+    vocab_size = llm.model.config.vocab_size  # what a log-prob count of -1 asks for
+    cached = (lambda n: n) if enable_prompt_tokens_details else (lambda n: None)  # usage's cached_tokens
     sampling_defaults = getattr(llm, "sampling_defaults", {})  # generation_config.json's, for fields left out
     tool_tokens = tool_call_tokens(tokenizer)  # looked up once: the vocabulary is a fresh dict at every call
     # No token is longer than this, so a longer text cannot fit max_model_len tokens: refused without encoding
@@ -187,7 +223,11 @@ def build_app(llm, model_name: str, max_waiting_requests: int = 256, api_key: st
             await app.state.engine.close()
 
     app = FastAPI(title="nanoserve", lifespan=lifespan)
+    app.root_path = root_path or ""  # (FastAPI's keyword for it is deprecated; its attribute is what it reads)
     app.state.template_workers = template_workers
+    app.state.server_load = 0
+    if enable_server_load_tracking:
+        app.add_middleware(LoadTracker, state=app.state)
     app.add_middleware(GuardV1, api_key=api_key, max_body_bytes=max_body_bytes)  # the API key, the body's checks
     if enable_request_id_headers:  # added last, so outermost: a 401 or 400 from GuardV1 carries the id too
         app.add_middleware(RequestIdHeader)
@@ -199,7 +239,8 @@ def build_app(llm, model_name: str, max_waiting_requests: int = 256, api_key: st
         fields = [str(p) for p in first["loc"] if p != "body"]
         param = fields[0] if fields else None  # the request's field (deeper parts name pydantic's union types)
         message = f"{param}: {first['msg']}" if param else first["msg"]
-        return error_response(400, "invalid_request_error", message, param)
+        # pydantic's name for the error too, as vLLM's message carries it (clients match on it)
+        return error_response(400, "invalid_request_error", f"{message} [type={first['type']}]", param)
 
     @app.exception_handler(BadRequest)
     async def on_bad_request(_, exc: BadRequest):
@@ -254,6 +295,47 @@ def build_app(llm, model_name: str, max_waiting_requests: int = 256, api_key: st
         """Whether log-probs name their tokens "token_id:N": the request's choice, else the server's."""
         asked = body.return_tokens_as_token_ids
         return return_tokens_as_token_ids if asked is None else asked
+
+    def truncation(body, params):
+        """vLLM's truncation_side: "left" (or none) keeps a prompt's last truncate_prompt_tokens tokens, the
+        engine's rule; "right" keeps its first ones, cut here. (params, None), or (params without the engine's
+        truncation, how many tokens to keep)."""
+        if body.truncation_side not in (None, "left", "right"):
+            raise BadRequest(f'truncation_side must be "left" or "right", got {body.truncation_side!r:.40}',
+                             "truncation_side")
+        if body.truncation_side != "right" or params.truncate_prompt_tokens is None:
+            return params, None
+        keep = llm.max_model_len if params.truncate_prompt_tokens == -1 else params.truncate_prompt_tokens
+        return params.clone(truncate_prompt_tokens=None), keep
+
+    def timings(body, streams: list[RequestStream]) -> dict:
+        """{"metrics": the request's timings} with --enable-per-request-metrics, for a request of one completion
+        (vLLM's rule: several completions' timings are not one request's), else {}."""
+        if not enable_per_request_metrics or len(streams) != 1 or len(streams[0].seqs) != 1:
+            return {}
+        return {"metrics": request_metrics(streams[0].seqs[0])}
+
+    async def answer(request: Request, make, *args) -> JSONResponse:
+        """A whole response: make(*args)'s JSON, made and rendered in a thread (it decodes tokens, and a whole
+        vocabulary's log-probs are megabytes: the event loop goes on streaming meanwhile). With an ORCA load
+        report (header endpoint-load-metrics) when the request asks for one in TEXT or JSON (header
+        endpoint-load-metrics-format), as vLLM's: the KV cache's use and the requests waiting now."""
+        response = await asyncio.to_thread(lambda: JSONResponse(make(*args)))
+        form = request.headers.get("endpoint-load-metrics-format", "").upper()
+        if form in ("TEXT", "JSON"):
+            _, waiting, kv_use = engine(request).load()
+            named = {"kv_cache_usage_perc": float(kv_use), "num_requests_waiting": float(waiting)}
+            report = ", ".join(f"named_metrics.{k}={v}" for k, v in named.items()) if form == "TEXT" else \
+                json.dumps({"named_metrics": named})
+            response.headers["endpoint-load-metrics"] = f"{form} {report}"
+        return response
+
+    def echoed(body) -> str:
+        """A chat's echo (vLLM's): the last message's text, if it is the answer's role's (the assistant's; without
+        a generation prompt, the last message's own role: it is continued)."""
+        last = body.messages[-1]
+        role = "assistant" if body.add_generation_prompt else last.role
+        return message_text(last) if body.echo and last.role == role else ""
 
     async def chat_prompt(turns: list[dict], body) -> list[int]:
         """The turns through the chat template, as token ids (Qwen3's thinking off unless the request's
@@ -392,6 +474,10 @@ def build_app(llm, model_name: str, max_waiting_requests: int = 256, api_key: st
                               [{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                                 "finish_reason": None} for i in range(params.n)], so_far(), include_usage)
                 yield sse(first | ({"prompt_token_ids": streams[0].prompt_ids} if token_ids else {}))
+                if echoed(body):  # the continued message, before the answer
+                    yield sse(chunk(request_id, model_name, True,
+                                    [{"index": i, "delta": {"content": echoed(body)}, "logprobs": None,
+                                      "finish_reason": None} for i in range(params.n)], so_far(), include_usage))
             async for which, delta in merged(streams):
                 index = which * params.n + delta.index
                 counts[index] += 1
@@ -426,9 +512,9 @@ def build_app(llm, model_name: str, max_waiting_requests: int = 256, api_key: st
             if include_usage:
                 thought_tokens = None if thinking is None else \
                     sum(reasoning.reasoning_tokens(s.output_ids, thinking) for s in streams[0].seqs)
-                totals = usage(prompt_tokens, sum(counts), sum(s.seqs[0].num_cached_tokens for s in streams),
+                totals = usage(prompt_tokens, sum(counts), cached(sum(s.seqs[0].num_cached_tokens for s in streams)),
                                thought_tokens)
-                yield sse(chunk(request_id, model_name, chat, [], totals, True))
+                yield sse(chunk(request_id, model_name, chat, [], totals, True) | timings(body, streams))
         except (EngineStopped, RuntimeError) as e:  # the server is stopping, or a step failed
             tail = error_body(str(e), "server_error", 503 if isinstance(e, EngineStopped) else 500)
         finally:
@@ -493,6 +579,21 @@ def build_app(llm, model_name: str, max_waiting_requests: int = 256, api_key: st
             raise BadRequest(f"tokens must be token ids in [0, {vocab})", "tokens")
         return {"prompt": await asyncio.to_thread(tokenizer.decode, body.tokens)}
 
+    @app.get("/load")
+    async def load(request: Request):  # counted with enable_server_load_tracking (LoadTracker), else 0
+        return {"server_load": request.app.state.server_load}
+
+    @app.post("/invocations")
+    async def invocations(request: Request):
+        """SageMaker's route, as vLLM serves it: a body with messages is a chat completion, else a completion."""
+        body = await request.json()
+        kind = ChatCompletionRequest if "messages" in body else CompletionRequest
+        try:
+            parsed = kind.model_validate(body)
+        except ValidationError as e:
+            raise RequestValidationError(e.errors()) from None
+        return await (chat_completions if kind is ChatCompletionRequest else completions)(parsed, request)
+
     @app.get("/metrics")
     async def prometheus():
         return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
@@ -506,7 +607,7 @@ def build_app(llm, model_name: str, max_waiting_requests: int = 256, api_key: st
     @v1.post("/completions")
     async def completions(body: CompletionRequest, request: Request):
         check_request(body)
-        check_limits(body, max_logprobs)
+        check_limits(body, max_logprobs, vocab_size)
         prompts = body.prompt if isinstance(body.prompt, list) and body.prompt and not isinstance(body.prompt[0], int) \
             else [body.prompt]  # a batch: a list of strings, or of token-id lists
         if body.echo and body.stream:
@@ -518,6 +619,7 @@ def build_app(llm, model_name: str, max_waiting_requests: int = 256, api_key: st
                                  defaults=sampling_defaults)
         if body.echo and body.logprobs is not None:  # the echoed prompt's tokens come with their log-probs
             params = params.clone(prompt_logprobs=max(body.logprobs, params.prompt_logprobs or 0))
+        params, keep = truncation(body, params)
         spec = structured_output_spec(body)
         await prepare_request(params, spec[0] if spec else None)
         streams, texts = [], []
@@ -527,7 +629,8 @@ def build_app(llm, model_name: str, max_waiting_requests: int = 256, api_key: st
                     ids = await encode(prompt, "prompt", bound=body.truncate_prompt_tokens is None)
                 else:
                     ids = prompt
-                texts.append(prompt if isinstance(prompt, str) else None)
+                ids = ids[:keep] if keep is not None else ids
+                texts.append(prompt if isinstance(prompt, str) and keep is None else None)
                 streams.append(await start(request, ids, params, stream_text=body.stream))
             request_id = response_id("cmpl", body, request)
             if body.stream:
@@ -542,7 +645,7 @@ def build_app(llm, model_name: str, max_waiting_requests: int = 256, api_key: st
             for stream in streams:
                 stream.abort()
             raise
-        return await asyncio.to_thread(completion_json, body, request_id, streams, texts)  # decodes: not here
+        return await answer(request, completion_json, body, request_id, streams, texts)
 
     def completion_json(body, request_id: str, streams: list[RequestStream], texts: list) -> dict:
         choices, token_ids, named = [], bool(body.return_token_ids), as_ids(body)
@@ -566,7 +669,7 @@ def build_app(llm, model_name: str, max_waiting_requests: int = 256, api_key: st
         generated = 0 if body.echo and body.max_tokens == 0 else \
             sum(len(s.output_ids) for stream in streams for s in stream.seqs)
         return completion_response(request_id, model_name, choices, sum(len(s.prompt_ids) for s in streams), generated,
-                                   sum(s.seqs[0].num_cached_tokens for s in streams))
+                                   cached(sum(s.seqs[0].num_cached_tokens for s in streams))) | timings(body, streams)
 
     async def start_chat(body: ChatCompletionRequest, request: Request) -> tuple[RequestStream, str | None,
                                                                                    bool | None]:
@@ -575,7 +678,7 @@ def build_app(llm, model_name: str, max_waiting_requests: int = 256, api_key: st
         structured output and a thinking budget each constrain the output with a grammar; with thinking, one
         grammar: the thinking, then the answer's constraint (reasoning.thinking_grammar)."""
         check_request(body)
-        check_limits(body, max_logprobs)
+        check_limits(body, max_logprobs, vocab_size)
         if not body.messages:
             raise BadRequest("messages must not be empty", "messages")
         if body.top_logprobs is not None and not body.logprobs:
@@ -588,11 +691,20 @@ def build_app(llm, model_name: str, max_waiting_requests: int = 256, api_key: st
             raise BadRequest("include_reasoning: false needs a server started with --reasoning-parser (without "
                              "one, the thinking is part of the content)", "include_reasoning")
         tools = tool_choice(body, tool_tokens)  # None (no tools), "none", "auto", "required" or a tool's name
-        prompt_ids = await chat_prompt(conversation(body.messages), body)
+        forwarded = (body.kv_transfer_params or {}).get("prompt_token_ids")
+        if forwarded is None:
+            prompt_ids = await chat_prompt(conversation(body.messages), body)
+        elif isinstance(forwarded, list) and forwarded and all(type(t) is int and t >= 0 for t in forwarded):
+            prompt_ids = forwarded  # a prefill server's rendering of these messages: taken as it is
+        else:
+            raise BadRequest("kv_transfer_params.prompt_token_ids must be a non-empty list of token ids",
+                             "kv_transfer_params")
         max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
         params = sampling_params(body, max_tokens, (body.top_logprobs or 0) if body.logprobs else None,
                                  default_max_tokens=None,  # None: what max_model_len leaves (the engine's)
                                  defaults=sampling_defaults)
+        params, keep = truncation(body, params)
+        prompt_ids = prompt_ids[:keep] if keep is not None else prompt_ids
         spec = structured_output_spec(body)
         field = spec[0] if spec else None
         if tools not in (None, "none", "auto"):  # a call is required: the grammar of the calls allowed
@@ -620,7 +732,7 @@ def build_app(llm, model_name: str, max_waiting_requests: int = 256, api_key: st
             await wait_for_all(stream, request)
         except ClientGone:
             return Response(status_code=499)
-        return await asyncio.to_thread(chat_json, body, request_id, stream, tools, thinking)
+        return await answer(request, chat_json, body, request_id, stream, tools, thinking)
 
     def chat_message(body, text: str, tools: str | None, thinking: bool | None) -> dict:
         """A whole answer's message: with a reasoning parser its thinking apart (ReasoningText, as a stream
@@ -644,6 +756,8 @@ def build_app(llm, model_name: str, max_waiting_requests: int = 256, api_key: st
             logprobs = chat_logprobs(tokenizer, out.token_ids, seq.logprobs, top, named) \
                 if seq.logprobs is not None else None
             message, finish = chat_message(body, out.text, tools, thinking), out.finish_reason
+            if echoed(body):  # the continued message in front of the answer
+                message["content"] = echoed(body) + (message["content"] or "")
             if message.get("tool_calls") and finish == "stop":
                 finish = "tool_calls"
             choices.append({"index": seq.index, "message": message, "logprobs": logprobs, "finish_reason": finish,
@@ -652,9 +766,9 @@ def build_app(llm, model_name: str, max_waiting_requests: int = 256, api_key: st
         thought_tokens = None if thinking is None else \
             sum(reasoning.reasoning_tokens(s.output_ids, thinking) for s in stream.seqs)
         response = chat_response(request_id, model_name, choices, len(stream.prompt_ids), generated,
-                                 stream.seqs[0].num_cached_tokens, thought_tokens)
+                                 cached(stream.seqs[0].num_cached_tokens), thought_tokens)
         return response | {"prompt_logprobs": prompt_logprobs_json(tokenizer, stream.seqs[0].prompt_logprobs),
-                           "prompt_token_ids": stream.prompt_ids if token_ids else None}
+                           "prompt_token_ids": stream.prompt_ids if token_ids else None} | timings(body, [stream])
 
     @v1.post("/responses")
     async def responses(body: ResponsesRequest, request: Request):
@@ -703,7 +817,7 @@ def build_app(llm, model_name: str, max_waiting_requests: int = 256, api_key: st
                 for event in events:
                     yield event
             thought_tokens = None if thinking is None else reasoning.reasoning_tokens(seq.output_ids, thinking)
-            counts = usage(len(stream.prompt_ids), len(seq.output_ids), seq.num_cached_tokens, thought_tokens)
+            counts = usage(len(stream.prompt_ids), len(seq.output_ids), cached(seq.num_cached_tokens), thought_tokens)
             for event in out.finish(finish, counts):
                 yield event
         except (EngineStopped, RuntimeError) as e:  # the server is stopping, or a step failed

@@ -87,6 +87,9 @@ class AsyncEngine:
         self.engine = llm.engine  # llm.engine builds the KV pool now, not at the first request
         self.max_requests = self.engine.scheduler.max_num_seqs + max_waiting_requests
         self.metrics = metrics
+        # vllm:iteration_tokens_total's bookkeeping: the engine's step and computed-token counts at the last
+        # report, and the completions' first tokens since
+        self.steps_seen = self.computed_seen = self.first_tokens = 0
         # whether prompts are looked up in a prefix cache (vllm:prefix_cache_queries counts only those)
         self.prefix_caching = getattr(getattr(llm, "args", None), "enable_prefix_caching", False)
         self.requests: set[RequestStream] = set()  # accepted or about to be, not finished
@@ -256,6 +259,8 @@ class AsyncEngine:
         the prefix cache's part of the prompt (known once the prompt was scheduled)."""
         if self.metrics is None:
             return
+        if index not in stream.last_token_at:  # a completion's first token: its step computed the prompt too
+            self.first_tokens += 1
         if stream.first_token_at is None:
             stream.first_token_at = now
             self.metrics.time_to_first_token.observe(now - stream.arrival)
@@ -268,11 +273,25 @@ class AsyncEngine:
         self.metrics.generation_tokens.inc()
 
     def _report(self) -> None:
-        """The gauges: requests running and waiting, and the share of KV blocks held by requests."""
+        """The gauges: requests running and waiting, and the share of KV blocks held by requests. And, once
+        per engine step (the loop reports after each), the step's tokens as vLLM's iteration_tokens counts
+        them: prompt tokens computed, and tokens drawn. The engine counts the K/V it computed, one per decoding
+        row (its last token) and a prompt's or chunk's tokens; a completion's first token is the one drawn
+        token not among them."""
         if self.metrics is None:
             return
+        stats = getattr(self.engine, "stats", None)
+        if stats is not None and stats.steps > self.steps_seen:
+            computed = stats.computed_tokens - self.computed_seen
+            self.metrics.iteration_tokens.observe(computed + self.first_tokens)
+            self.steps_seen, self.computed_seen, self.first_tokens = stats.steps, stats.computed_tokens, 0
+        running, waiting, kv_use = self.load()
+        self.metrics.num_requests_running.set(running)
+        self.metrics.num_requests_waiting.set(waiting)
+        self.metrics.kv_cache_usage_perc.set(kv_use)
+
+    def load(self) -> tuple[int, int, float]:
+        """(requests running, requests waiting, the share of KV blocks held by requests), now."""
         scheduler, pool = self.engine.scheduler, self.engine.cache.block_manager
-        self.metrics.num_requests_running.set(len(scheduler.running))
-        self.metrics.num_requests_waiting.set(len(scheduler.waiting) + len(self.to_add))
         # num_free counts cached-but-evictable blocks (prefix caching) as free: no request holds them
-        self.metrics.kv_cache_usage_perc.set(1 - pool.num_free / pool.num_blocks)
+        return len(scheduler.running), len(scheduler.waiting) + len(self.to_add), 1 - pool.num_free / pool.num_blocks

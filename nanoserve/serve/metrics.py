@@ -12,6 +12,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 # Bucket edges in seconds: from a fast GPU token (ms) to a long CPU queue (tens of seconds).
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
                    7.5, 10.0, 20.0, 40.0, 80.0)
+TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)  # tokens in one engine step
 
 
 class Both:
@@ -59,6 +60,9 @@ class ServerMetrics:
                                         "Between two tokens of one completion", buckets=LATENCY_BUCKETS)
         self.e2e_request_latency = make(Histogram, "e2e_request_latency_seconds",
                                         "From arrival to the request's last token", buckets=LATENCY_BUCKETS)
+        self.iteration_tokens = make(Histogram, "iteration_tokens_total",
+                                     "Tokens of one engine step: prompt tokens computed and tokens drawn",
+                                     buckets=TOKEN_BUCKETS)
         self.request_success = make(Counter, "request_success", "Requests that finished, by finish reason",
                                     extra_labels=["finished_reason"])
 

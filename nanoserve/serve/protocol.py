@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from nanoserve.engine.sampling_params import SamplingParams
 from nanoserve.engine.sampling_params import StructuredOutputsParams
+from nanoserve.features.logprobs import token_texts
 
 
 class BadRequest(ValueError):
@@ -54,7 +55,8 @@ class StreamOptions(RequestModel):
 # at which it does nothing (None, or the values listed).
 REFUSED = {
     "best_of": "best_of (more candidates than n, keeping the likeliest) is not supported",
-    "echo": "echo on chat completions (the last message repeated in front of the answer) is not supported",
+    "logprob_token_ids": "logprob_token_ids (the log-probs of given token ids) is not supported: the engine "
+                         "returns the top-k log-probs and the drawn token's",
     "suffix": "suffix (insertion: text after the completion) is not supported",
     "use_beam_search": "beam search is not supported", "length_penalty": "length_penalty (beam search) is not supported",
     "guided_decoding_backend": "guided_decoding_backend: this server's structured outputs use llguidance only",
@@ -70,7 +72,7 @@ REFUSED = {
 }
 DOES_NOTHING = {"use_beam_search": (False,), "length_penalty": (1.0,), "guided_decoding_backend": ("auto", "guidance"),
                 "modalities": (["text"],), "priority": (0,),
-                "spaces_between_special_tokens": (True,), "echo": (False,)}
+                "spaces_between_special_tokens": (True,), "logprob_token_ids": ([],)}
 
 
 class SamplingRequest(RequestModel):
@@ -99,6 +101,7 @@ class SamplingRequest(RequestModel):
     allowed_token_ids: list[int] | None = None
     bad_words: list[str] | None = None
     truncate_prompt_tokens: int | None = None
+    truncation_side: str | None = None  # which end truncate_prompt_tokens keeps: "left" (the end: the default)
     prompt_logprobs: int | None = None  # the prompt tokens' log-probs (and top-k): "prompt_logprobs" in the response
     # vLLM's token ids: the prompt's and each completion's ids in the response (prompt_token_ids, token_ids);
     # log-probs' tokens named "token_id:N" (None: the server's --return-tokens-as-token-ids)
@@ -131,6 +134,7 @@ class SamplingRequest(RequestModel):
     guided_whitespace_pattern: Any = None
     priority: Any = None
     spaces_between_special_tokens: Any = None
+    logprob_token_ids: Any = None
 
 
 class CompletionRequest(SamplingRequest):
@@ -179,7 +183,11 @@ class ChatCompletionRequest(SamplingRequest, ChatTemplateOptions):
     verbosity: Any = None
     documents: Any = None
     moderation: Any = None
-    echo: Any = None
+    # vLLM's: the last message (an assistant's, continued) in front of the answer's content
+    echo: bool = False
+    # vLLM's disaggregated prefill: a prefill server's prompt_token_ids come back here and are the prompt, as
+    # given (the messages are not rendered again); nothing else of it applies to one server
+    kv_transfer_params: dict | None = None
 
 
 class TokenizeRequest(ChatTemplateOptions):
@@ -221,8 +229,7 @@ def refuse_misplaced(request: SamplingRequest) -> None:
 def refuse_unsupported(request: SamplingRequest) -> None:
     """BadRequest for the first known-but-unsupported field that would do something."""
     for name, value in [(name, getattr(request, name, None)) for name in REFUSED]:
-        if value is None or value in DOES_NOTHING.get(name, ()) or (name == "best_of" and value == request.n) \
-                or (name == "echo" and isinstance(request, CompletionRequest)):  # completions' echo works
+        if value is None or value in DOES_NOTHING.get(name, ()) or (name == "best_of" and value == request.n):
             continue
         raise BadRequest(f"{name}: {REFUSED[name]}", name)
 
@@ -281,15 +288,21 @@ def json_problem(value: list | dict) -> str | None:
     return None
 
 
-def check_limits(request: SamplingRequest, max_logprobs: int) -> None:
+def check_limits(request: SamplingRequest, max_logprobs: int, vocab_size: int | None = None) -> None:
     """The caps on what one request may cost, checked before its prompt is tokenised or queued: n at most
-    MAX_N, and at most max_logprobs log-probs per token (the LLM's cap: each one is JSON in the response)."""
+    MAX_N, and at most max_logprobs log-probs per token (the LLM's cap: each one is JSON in the response).
+    A log-prob count of -1 is vLLM's whole vocabulary (vocab_size): the request's field becomes that number,
+    within the same cap."""
     if request.n > MAX_N:
         raise BadRequest(f"n must be at most {MAX_N}, got {request.n}", "n")
     for name in ("top_logprobs" if isinstance(request, ChatCompletionRequest) else "logprobs", "prompt_logprobs"):
         asked = getattr(request, name)
+        if asked == -1 and vocab_size is not None:
+            asked = vocab_size
+            setattr(request, name, asked)
         if asked is not None and not 0 <= asked <= max_logprobs:
-            raise BadRequest(f"{name} must be in [0, {max_logprobs}] (the server's max_logprobs), got {asked}", name)
+            raise BadRequest(f"{name} must be in [0, {max_logprobs}] (the server's max_logprobs; -1: the whole "
+                             f"vocabulary, {vocab_size}), got {asked}", name)
 
 
 def conversation(messages: list[ChatMessage]) -> list[dict]:
@@ -508,7 +521,8 @@ def sampling_params(request: SamplingRequest, max_tokens: int | None, logprobs: 
 
 def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int | None = None,
           reasoning_tokens: int | None = None) -> dict:
-    """OpenAI's usage; cached_tokens: how many prompt tokens the prefix cache held (a response's totals);
+    """OpenAI's usage; cached_tokens: how many prompt tokens the prefix cache held (a response's totals, given
+    with vLLM's --enable-prompt-tokens-details: without it prompt_tokens_details is left out, as vLLM's);
     reasoning_tokens: how many of the completion tokens were thinking (with a reasoning parser)."""
     counts = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
               "total_tokens": prompt_tokens + completion_tokens}
@@ -519,6 +533,27 @@ def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int | None 
     return counts
 
 
+def request_metrics(seq) -> dict:
+    """vLLM's per-request timing (--enable-per-request-metrics), in milliseconds, from one completion's engine
+    times: queue_time_ms (arrival to first scheduled), time_to_first_token_ms (scheduled to first token),
+    generation_time_ms (first to last token), mean_itl_ms (its mean gap; not with one token) and
+    tokens_per_second (its tokens over scheduled to last token). A time the engine has not set is left out."""
+    arrived, scheduled, first, last = (seq.arrival_time, seq.first_scheduled_time, seq.first_token_time,
+                                       seq.last_token_time)
+    tokens, out = len(seq.output_ids), {}
+    if scheduled is not None:
+        out["queue_time_ms"] = (scheduled - arrived) * 1000
+    if scheduled is not None and first is not None:
+        out["time_to_first_token_ms"] = (first - scheduled) * 1000
+    if first is not None and last is not None:
+        out["generation_time_ms"] = (last - first) * 1000
+        if tokens > 1:
+            out["mean_itl_ms"] = (last - first) / (tokens - 1) * 1000
+    if scheduled is not None and last is not None and last > scheduled:
+        out["tokens_per_second"] = tokens / (last - scheduled)
+    return out
+
+
 def new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex}"
 
@@ -526,38 +561,44 @@ def new_id(prefix: str) -> str:
 def token_name(tokenizer, token_id: int, as_id: bool = False) -> str:
     """A log-prob's token: its text, or with as_id (vLLM's return_tokens_as_token_ids) "token_id:N". A token
     that is part of a character decodes to "\ufffd", and different tokens to the same text; its id is exact."""
-    return f"token_id:{token_id}" if as_id else tokenizer.decode([token_id])
+    return f"token_id:{token_id}" if as_id else token_texts(tokenizer)[token_id]
 
 
 def completion_logprobs(tokenizer, token_ids: list[int], steps: list[dict | None], text_offset: int = 0,
                         as_ids: bool = False) -> dict:
-    """The legacy completions' logprobs: tokens, their log-probs, the top ones of each step, text offsets
-    (into the text, whatever names the tokens). A step of None (an echoed prompt's first token, which nothing
-    predicts) has null for both."""
-    offsets, at = [], text_offset
+    """The legacy completions' logprobs: tokens, their log-probs, the top ones of each step (the step's own
+    token first, as vLLM's), text offsets (into the text, whatever names the tokens). A step of None (an echoed
+    prompt's first token, which nothing predicts) has null for both."""
+    offsets, at, texts = [], text_offset, token_texts(tokenizer)
     for t in token_ids:
         offsets.append(at)
-        at += len(tokenizer.decode([t]))
+        at += len(texts[t])
     return {"tokens": [token_name(tokenizer, t, as_ids) for t in token_ids],
             "token_logprobs": [None if lp is None else float(lp[t]) for t, lp in zip(token_ids, steps)],
-            "top_logprobs": [None if lp is None else {token_name(tokenizer, k, as_ids): float(v) for k, v in lp.items()}
-                             for lp in steps],
+            "top_logprobs": [None if lp is None else {token_name(tokenizer, k, as_ids): float(lp[k])
+                                                      for k in dict.fromkeys([t, *lp])}
+                             for t, lp in zip(token_ids, steps)],
             "text_offset": offsets}
 
 
 def prompt_logprobs_json(tokenizer, steps: list[dict | None] | None) -> list | None:
-    """vLLM's "prompt_logprobs": per prompt token, null (the first) or {token id: {logprob, rank, decoded_token}}."""
+    """vLLM's "prompt_logprobs": per prompt token, null (the first) or {token id: {logprob, rank, decoded_token}}.
+    A token's text is decoded once per server (token_texts): with prompt_logprobs -1 every step names the whole
+    vocabulary."""
     if steps is None:
         return None
-    return [None if lp is None else {str(t): {"logprob": float(v), "rank": v.rank, "decoded_token": tokenizer.decode([t])}
+    texts = token_texts(tokenizer)
+    return [None if lp is None else {str(t): {"logprob": float(v), "rank": v.rank, "decoded_token": texts[t]}
                                      for t, v in lp.items()} for lp in steps]
 
 
 def chat_logprobs(tokenizer, token_ids: list[int], steps: list[dict], top: int, as_ids: bool = False) -> dict:
     """The chat endpoint's logprobs: per token its text (or "token_id:N"), log-prob, UTF-8 bytes of its
     text, and the top alternatives."""
+    texts = token_texts(tokenizer)
+
     def entry(token_id: int, logprob: float) -> dict:
-        text = tokenizer.decode([token_id])
+        text = texts[token_id]
         return {"token": token_name(tokenizer, token_id, True) if as_ids else text, "logprob": float(logprob),
                 "bytes": list(text.encode())}
 
@@ -569,22 +610,25 @@ def chat_logprobs(tokenizer, token_ids: list[int], steps: list[dict], top: int, 
 
 
 def completion_response(request_id: str, model: str, choices: list[dict], prompt_tokens: int,
-                        completion_tokens: int, cached_tokens: int = 0) -> dict:
+                        completion_tokens: int, cached_tokens: int | None = None) -> dict:
     return {"id": request_id, "object": "text_completion", "created": int(time.time()), "model": model,
             "choices": choices, "usage": usage(prompt_tokens, completion_tokens, cached_tokens)}
 
 
-def chat_response(request_id: str, model: str, choices: list[dict], prompt_tokens: int,
-                  completion_tokens: int, cached_tokens: int = 0, reasoning_tokens: int | None = None) -> dict:
+def chat_response(request_id: str, model: str, choices: list[dict], prompt_tokens: int, completion_tokens: int,
+                  cached_tokens: int | None = None, reasoning_tokens: int | None = None) -> dict:
     return {"id": request_id, "object": "chat.completion", "created": int(time.time()), "model": model,
             "choices": choices, "usage": usage(prompt_tokens, completion_tokens, cached_tokens, reasoning_tokens)}
 
 
 def stream_usage(options: StreamOptions | None, force: bool = False) -> tuple[bool, bool]:
     """A stream's usage: (the totals on a last chunk, the counts so far on every chunk). The request's
-    stream_options say; the server's --enable-force-include-usage (force) adds the totals to every stream."""
-    totals = force or (options is not None and options.include_usage)
-    return totals, totals and options is not None and options.continuous_usage_stats
+    stream_options say; the server's --enable-force-include-usage (force) gives both to every stream, as
+    vLLM's does, whatever the request says."""
+    if force:
+        return True, True
+    totals = options is not None and options.include_usage
+    return totals, totals and options.continuous_usage_stats
 
 
 def chunk(request_id: str, model: str, chat: bool, choices: list[dict], usage_: dict | None = None,

@@ -24,6 +24,7 @@ NOT_APPLICABLE = [
     (r"harmony", "Responses-API harmony parsers"),
     (r"sleep", "sleep mode"),
     (r"pooling|embedding", "pooling / embeddings"),
+    (r"test_v2_endpoint", "pooling / embeddings (Cohere's /v2/embed)"),
 ]
 
 

@@ -130,8 +130,7 @@ class RemoteOpenAIServer:
         self.port = int(kept[kept.index("--port") + 1])
         self.uds = None
         self.show_hidden_metrics = False
-        served = self.stand_in if self.stand_in != "path" else str(self.model_dir)
-        self.command = [NANOSERVE, "serve", served, "--device", "cpu", *kept]
+        self.command = [NANOSERVE, "serve", str(self.model_dir), "--device", "cpu", *kept]
         env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("VST_SERVER_THREADS", "1"), **(env_dict or {})}
         log = open(os.environ.get("VST_LOG_DIR", ".") + f"/server-{self.port}.log", "w")
         log.write(" ".join(self.command) + "\n" + f"dropped: {self.dropped}\n")

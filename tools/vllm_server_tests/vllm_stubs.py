@@ -166,6 +166,28 @@ def _module_getattr(module: str, name: str):
     return _placeholder(f"{module}.{name}")
 
 
+def _hub_tokenizers_stand_in() -> None:
+    """transformers' AutoTokenizer.from_pretrained("TinyLlama/...") in a test (its expected token counts) loads
+    the stand-in's tokenizer, as get_tokenizer does: the one the server counts with. (Without a network, the hub
+    id would fail anyway, after about 50 s of retries: past the per-test timeout.)"""
+    from transformers import AutoTokenizer
+
+    from models import stand_in
+
+    original = AutoTokenizer.from_pretrained.__func__
+    if getattr(original, "stand_in", False):
+        return
+
+    def from_pretrained(cls, name, *args, **kwargs):
+        if isinstance(name, str) and not os.path.isdir(name):
+            name = str(stand_in(name)[0])
+        return original(cls, name, *args, **kwargs)
+
+    from_pretrained.stand_in = True
+    AutoTokenizer.from_pretrained = classmethod(from_pretrained)
+
+
 def install() -> None:
     if not any(isinstance(f, _StubFinder) for f in sys.meta_path):
         sys.meta_path.insert(0, _StubFinder())
+    _hub_tokenizers_stand_in()
