@@ -49,16 +49,25 @@ def outputs(llm, params):
     return [[(c.token_ids, c.finish_reason, c.text) for c in o.outputs] for o in llm.generate(PROMPTS, params, use_tqdm=False)]
 
 
+@pytest.fixture(scope="module")
+def failing_llm():
+    """One engine for every failure below, and its tokens before any: each failure must leave it as it found
+    it, so the next one starts from a clean engine too. On the CPU on any machine: a GPU replays graphs, which
+    never call the attend it fails."""
+    llm = LLM("tiny-qwen3", max_model_len=256, num_gpu_blocks_override=512, async_scheduling=True, device="cpu")
+    clean = outputs(llm, PARAMS)
+    assert llm.engine.stats.steps_ahead > 10
+    yield llm, clean
+    llm.shutdown()
+
+
 # (build and collect failing with an exception take launch's and collect-with-Ctrl-C's paths: left out for CI's time)
 @pytest.mark.parametrize("where, exc", [("attend", KeyboardInterrupt), ("collect", KeyboardInterrupt),
                                         ("schedule", KeyboardInterrupt), ("update", KeyboardInterrupt),
                                         ("launch", Boom)])
-def test_a_failure_in_any_phase_drops_what_was_launched_ahead(where, exc):
-    # On the CPU on any machine: a GPU replays graphs, which never call the attend it fails
-    llm = LLM("tiny-qwen3", max_model_len=256, num_gpu_blocks_override=512, async_scheduling=True, device="cpu")
+def test_a_failure_in_any_phase_drops_what_was_launched_ahead(failing_llm, where, exc):
+    llm, clean = failing_llm
     engine = llm.engine
-    clean = outputs(llm, PARAMS)
-    assert engine.stats.steps_ahead > 10
     targets = {"build": [engine.runner.builder], "attend": [llm.cache], "collect": [engine.runner],
                "launch": [engine.runner], "schedule": [engine.scheduler], "update": [engine]}[where]
     for on_call in (1, 10) if where in ("collect", "launch", "schedule") else (3, 20):  # early and late
@@ -70,10 +79,12 @@ def test_a_failure_in_any_phase_drops_what_was_launched_ahead(where, exc):
                     raise exc()
                 return _original(*args, **kwargs)
             setattr(t, where, failing)
-        with pytest.raises(exc):
-            outputs(llm, PARAMS)
-        for t in targets:
-            delattr(t, where)
+        try:
+            with pytest.raises(exc):
+                outputs(llm, PARAMS)
+        finally:  # the engine is shared: never leave it failing
+            for t in targets:
+                delattr(t, where)
         bm = llm.cache.block_manager
         assert engine.in_flight is None and not engine.has_unfinished() and not engine.scheduler.pending_copies
         assert not bm.block_tables and bm.num_free == bm.num_blocks and not any(bm.ref_count)
