@@ -127,9 +127,6 @@ def test_prompt_logprobs_in_responses_and_refusals_by_name(client, oracle):
                         ({"prompt": [1, 2], "prompt_logprobs": 21}, "prompt_logprobs")]:
         refused = client.post("/v1/completions", json={"model": "tiny-qwen3", **body})
         assert refused.status_code == 400 and refused.json()["error"]["param"] == param, refused.text
-    refused = client.post("/v1/chat/completions", json={"model": "tiny-qwen3", "echo": True,
-                                                        "messages": [{"role": "user", "content": "Hi"}]})
-    assert refused.status_code == 400 and refused.json()["error"]["param"] == "echo"
     info = client.get("/tokenizer_info").json()
     assert info["eos_token"] == llm.tokenizer.eos_token and info["model_max_length"] == 256
     assert info["chat_template"] == llm.tokenizer.chat_template
@@ -138,7 +135,7 @@ def test_prompt_logprobs_in_responses_and_refusals_by_name(client, oracle):
 def test_a_rank_counts_the_likelier_tokens():
     """score_rows (both log-prob features): rank = 1 + how many tokens are likelier, exactly, on logits with no
     ties; the top k come in order with ranks 1..k (the transformers comparison above allows a window)."""
-    from nanoserve.features.logprobs import logprob_entry, score_rows
+    from nanoserve.features.logprobs import logprob_entry, score_given, score_rows
 
     gen = torch.Generator().manual_seed(0)
     logits = torch.stack([torch.randperm(3000, generator=gen).float() / 100 for _ in range(5)])
@@ -148,3 +145,45 @@ def test_a_rank_counts_the_likelier_tokens():
         assert ranks[r] == 3000 - int(logits[r, targets[r]].item() * 100 + 0.5)  # values 0..29.99: the largest is rank 1
         entry = logprob_entry(values[r], indices[r], 4, targets[r].item(), chosen[r], ranks[r])
         assert [entry[t].rank for t in indices[r]] == [1, 2, 3, 4] or targets[r].item() in indices[r]
+    # and the ranks of given ids (logprob_token_ids): one sort, a binary search each
+    ids = torch.randint(0, 3000, (5, 6), generator=gen)
+    given = score_given(logits, ids)
+    assert torch.allclose(given[:, :6], logits.log_softmax(-1).gather(1, ids))
+    assert given[:, 6:].tolist() == (3000 - (logits.gather(1, ids) * 100).round()).tolist()
+
+
+def test_logprob_token_ids_are_the_models_at_each_new_token(client):
+    """logprob_token_ids: at each new token, the log-probs and ranks of exactly the given ids and the drawn
+    token, against transformers' forward over prompt and output; batch-mates asking for a top-k, for fewer ids
+    or for nothing draw what they draw alone."""
+    llm, _ = client
+    given = [3, 77, 1000, 151000]
+    plain = SamplingParams(temperature=0.8, seed=1, max_tokens=5, ignore_eos=True)
+    asks = [plain.clone(logprob_token_ids=given), plain.clone(logprobs=2), plain, plain.clone(logprob_token_ids=[77])]
+    inputs = [{"prompt_token_ids": p} for p in PROMPTS[:4]]
+    outs = llm.generate(inputs, asks, use_tqdm=False)
+    alone = llm.generate(inputs, plain, use_tqdm=False)
+    hf = AutoModelForCausalLM.from_pretrained(resolve_model("tiny-qwen3"), dtype=torch.float32).eval()
+    for prompt, params, out, want in zip(PROMPTS, asks, outs, alone):
+        c = out.outputs[0]
+        assert c.token_ids == want.outputs[0].token_ids
+        if params.logprob_token_ids is None:
+            assert c.logprobs is None if params.logprobs is None else all(len(e) in (2, 3) for e in c.logprobs)
+            continue
+        with torch.no_grad():
+            rows = hf(torch.tensor([prompt + c.token_ids])).logits[0, len(prompt) - 1:-1].log_softmax(-1)
+        assert len(c.logprobs) == len(c.token_ids) == len(rows)
+        for row, token, entry in zip(rows, c.token_ids, c.logprobs):
+            assert set(entry) == {*params.logprob_token_ids, token}
+            for t, lp in entry.items():
+                assert abs(lp.logprob - row[t].item()) < 1e-3
+                likelier = (row > row[t] + 1e-3).sum().item(), (row > row[t] - 1e-3).sum().item()
+                assert likelier[0] + 1 <= lp.rank <= likelier[1] + 1
+        assert abs(c.cumulative_logprob - sum(e[t].logprob for t, e in zip(c.token_ids, c.logprobs))) < 1e-4
+    with pytest.raises(ValueError, match="logprob_token_ids: token ids must be below"):
+        llm.generate(inputs[:1], plain.clone(logprob_token_ids=[10 ** 6]), use_tqdm=False)
+    for wrong in ([1] * 129, [-1], 5):
+        with pytest.raises(ValueError, match="logprob_token_ids"):
+            SamplingParams(logprob_token_ids=wrong)
+    with pytest.raises(ValueError, match="replaces logprobs' top-k"):
+        SamplingParams(logprobs=3, logprob_token_ids=[1, 2])

@@ -3,6 +3,7 @@ nobody declares, token ids in responses, and its server flags (each a keyword of
 `nanoserve serve` passes on)."""
 import json
 import logging
+import math
 import re
 import time
 
@@ -420,5 +421,36 @@ def test_chat_echo_forwarded_prompt_ids_and_truncation_side(llm):
         assert wrong.status_code == 400 and wrong.json()["error"]["param"] == "truncation_side"
         whole = post(url, "/v1/chat/completions", {"messages": CHAT, "logprobs": True, "top_logprobs": -1})
         assert whole.status_code == 400 and "the whole vocabulary, 151936" in whole.json()["error"]["message"]
-        refused = post(url, "/v1/chat/completions", {"messages": CHAT, "logprobs": True, "logprob_token_ids": [5]})
-        assert refused.status_code == 400 and refused.json()["error"]["param"] == "logprob_token_ids"
+
+
+def test_logprob_token_ids_whole_and_streamed(llm):
+    """logprob_token_ids: each new token's log-probs of exactly the given ids and the drawn token, in place of
+    the top-k, whole and streamed alike; refused without logprobs, where no token is generated, and for ids
+    the model does not have."""
+    given = [5000, 42, 100]
+    chat = {"messages": CHAT, "max_tokens": 3, "temperature": 0, "logprobs": True, "top_logprobs": 5,
+            "logprob_token_ids": given, "return_tokens_as_token_ids": True}
+
+    def token(name: str) -> int:
+        return int(name.removeprefix("token_id:"))
+
+    with running(build_app(llm, MODEL)) as url:
+        whole = post(url, "/v1/chat/completions", chat).json()["choices"][0]["logprobs"]["content"]
+        parts = [e for c in streamed(url, "/v1/chat/completions", chat) if c["choices"] and c["choices"][0]["logprobs"]
+                 for e in c["choices"][0]["logprobs"]["content"]]
+        assert parts == whole and len(whole) == 3
+        for e in whole:
+            named = {token(t["token"]): t["logprob"] for t in e["top_logprobs"]}
+            assert set(named) == {*given, token(e["token"])} and len(named) == len(e["top_logprobs"])
+            assert named[token(e["token"])] == e["logprob"] and all(-math.inf < v <= 0 for v in named.values())
+        scored = post(url, "/v1/completions", {"prompt": [5, 6, 7], "max_tokens": 2, "logprobs": 1,
+                                               "logprob_token_ids": given}).json()["choices"][0]["logprobs"]
+        assert all(len(top) in (3, 4) for top in scored["top_logprobs"])
+        for endpoint, body in [("/v1/chat/completions", {"messages": CHAT, "logprob_token_ids": given}),
+                               ("/v1/completions", {"prompt": [5, 6], "logprob_token_ids": given}),
+                               ("/v1/completions", {"prompt": [5, 6], "echo": True, "max_tokens": 0, "logprobs": 1,
+                                                    "logprob_token_ids": given}),
+                               ("/v1/completions", {"prompt": [5, 6], "logprobs": 1, "logprob_token_ids": [10 ** 6]}),
+                               ("/v1/completions", {"prompt": [5, 6], "logprobs": 1, "logprob_token_ids": [1] * 129})]:
+            refused = post(url, endpoint, body)
+            assert refused.status_code == 400 and refused.json()["error"]["param"] == "logprob_token_ids", refused.text

@@ -25,7 +25,8 @@ FEATURES = {
                   lambda p: p.repetition_penalty != 1 or bool(p.frequency_penalty or p.presence_penalty)),
     "banned_tokens": ("nanoserve.features.logit_edits:BannedTokens", lambda p: p.min_tokens > 0 or bool(p.bad_words)),
     "min_p": ("nanoserve.features.logit_edits:MinP", lambda p: p.min_p > 0 and p.temperature > 0),
-    "logprobs": ("nanoserve.features.logprobs:SampledLogprobs", lambda p: p.logprobs is not None),
+    "logprobs": ("nanoserve.features.logprobs:SampledLogprobs",
+                 lambda p: p.logprobs is not None or bool(p.logprob_token_ids)),
     "prompt_logprobs": ("nanoserve.features.logprobs:PromptScorer", lambda p: p.prompt_logprobs is not None),
 }
 NOT_PROCESSORS = {"logprobs", "prompt_logprobs"}  # features that read the logits but leave them as they are

@@ -31,6 +31,7 @@ def check_token_ids(params: SamplingParams, prepared, vocab: int) -> None:
     model's vocabulary."""
     named = {"stop_token_ids": params.stop_token_ids, "logit_bias": params.logit_bias or {},
              "allowed_token_ids": params.allowed_token_ids or (),
+             "logprob_token_ids": params.logprob_token_ids or (),
              "bad_words": [prepared.bad_words.largest] if prepared.bad_words is not None else ()}
     for name, ids in named.items():
         if ids and max(ids) >= vocab:

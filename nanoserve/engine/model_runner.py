@@ -104,7 +104,8 @@ class ModelRunner:
         tokens = self.sampler(edited, [s.params for s in sampled], [s.seed for s in sampled], steps)
         if launched.features:
             self.processors.drawn(tokens)
-            ks = [s.params.logprobs for s in sampled]  # a prefilling sequence may be the one that asked
+            # per row: its top-k, or its given token ids; a prefilling sequence may be the one that asked
+            ks = [s.params.logprob_token_ids or s.params.logprobs for s in sampled]
             if any(k is not None for k in ks):  # the model's, as vLLM's
                 launched.logprobs = load("logprobs")(logits, tokens, ks)
         host, self.current = self.host_tokens[self.current][:len(sampled)], self.current ^ 1
@@ -161,7 +162,8 @@ class ModelRunner:
         if launched.logprobs is None:
             return tokens, [None] * len(batch.seqs)
         logprobs = iter(launched.logprobs.read([t for t in tokens if t is not None],
-                                               [s.params.logprobs for s in launched.sampled]))
+                                               [s.params.logprob_token_ids or s.params.logprobs
+                                                for s in launched.sampled]))
         return tokens, [next(logprobs) if s else None for s in batch.sampled]
 
 

@@ -43,6 +43,9 @@ class StructuredOutputsParams:
                 raise ValueError(f"structured_outputs: {name} must be a non-empty string")
 
 
+MAX_LOGPROB_TOKEN_IDS = 128  # vLLM's cap on logprob_token_ids
+
+
 @dataclass
 class SamplingParams:
     temperature: float = 1.0  # 0 = greedy
@@ -59,6 +62,8 @@ class SamplingParams:
     n: int = 1  # completions of the prompt (the engine shares the prompt's KV blocks among them)
     logprobs: int | None = None  # also return each new token's log-probability and the top-k of its step
     prompt_logprobs: int | None = None  # each prompt token's log-probability (and the top-k there): the engine's
+    # vLLM's: in place of the top-k, these tokens' log-probs (and the drawn token's) at each new token
+    logprob_token_ids: list[int] | None = None
     # Edits of the logits before the draw (features beside the core: engine/features.py), as vLLM defines them:
     presence_penalty: float = 0.0  # minus this for every token the output has used (OpenAI's, in [-2, 2])
     frequency_penalty: float = 0.0  # minus this times how often the output has used the token ([-2, 2])
@@ -140,6 +145,15 @@ class SamplingParams:
             return value
 
         self.stop_token_ids = token_ids("stop_token_ids", self.stop_token_ids or [])
+        if self.logprob_token_ids is not None:
+            if not isinstance(self.logprob_token_ids, (list, tuple)):
+                bad(f"logprob_token_ids must be a list of token ids, got {self.logprob_token_ids!r:.100}")
+            ids = self.logprob_token_ids = token_ids("logprob_token_ids", self.logprob_token_ids) or None
+            if ids and len(ids) > MAX_LOGPROB_TOKEN_IDS:  # each id is a column of the step's packed log-probs
+                bad(f"logprob_token_ids must name at most {MAX_LOGPROB_TOKEN_IDS} tokens, got {len(ids)}")
+            if ids and self.logprobs is not None and self.logprobs != len(ids):  # as vLLM: the ids replace the top-k
+                bad(f"logprob_token_ids replaces logprobs' top-k: give logprobs=None (or the number of ids), "
+                    f"got logprobs={self.logprobs} with {len(ids)} ids")
         if self.allowed_token_ids is not None:
             self.allowed_token_ids = token_ids("allowed_token_ids", self.allowed_token_ids)
             if not self.allowed_token_ids:

@@ -27,8 +27,8 @@ class Sequence(Request):
         self.forks: list[Sequence] = []  # the request's other completions, until this one's prompt is computed
         # logprobs=k: a list of {token: Logprob} per output token, made as it is read
         texts = tokenizer if params.detokenize else None  # Logprob.decoded_token: None without text, as vLLM's
-        self.logprobs = load("logprobs", "LogprobsList")(params.logprobs, texts) if "logprobs" in self.features \
-            else None
+        self.logprobs = load("logprobs", "LogprobsList")(params.logprob_token_ids or params.logprobs, texts) \
+            if "logprobs" in self.features else None
         self.error: str | None = None  # why it failed alone (finish_reason "error"; LLMEngine.fail)
         self.num_cached_tokens = 0  # of its prompt, found in the prefix cache when first admitted
         # For RequestOutput.metrics (vLLM's RequestMetrics), wall-clock seconds (time.time())

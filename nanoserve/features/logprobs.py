@@ -7,6 +7,7 @@ whole step at once and copied with its tokens; the {token: Logprob} dicts (and t
 not in the step. prompt_logprobs=k: each prompt token's, scored as its prompt is computed."""
 import collections.abc
 
+import numpy as np
 import torch
 
 
@@ -68,23 +69,41 @@ def token_texts(tokenizer) -> TokenTexts | None:
     return texts
 
 
-def logprob_entry(values, indices, k: int, token: int, chosen: float, rank: int, tokenizer=None) -> dict:
-    """{token: Logprob}: a row's k likeliest tokens, and its own token (sampled, or the prompt's)."""
+def logprob_entry(values, indices, k: int, token: int, chosen: float, rank: int, tokenizer=None,
+                  ranks=None) -> dict:
+    """{token: Logprob}: a row's k likeliest tokens (or, with ranks, k given tokens), and its own token (sampled,
+    or the prompt's)."""
     texts = token_texts(tokenizer)
     ids = [int(t) for t in indices[:k]]
-    entry = {t: Logprob(float(v), j + 1, texts[t] if texts is not None else None)
-             for j, (t, v) in enumerate(zip(ids, values[:k]))}
+    ranks = range(1, k + 1) if ranks is None else [int(r) for r in ranks[:k]]
+    entry = {t: Logprob(float(v), r, texts[t] if texts is not None else None)
+             for t, v, r in zip(ids, values[:k], ranks)}
     entry[token] = Logprob(float(chosen), int(rank), texts[token] if texts is not None else None)
     return entry
+
+
+def score_given(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """[rows, 2m]: per row, the log-probs of its m given token ids (logprob_token_ids), then their ranks. A rank
+    is 1 + how many logits are larger: one sort of the row and a binary search per id, where comparing each id
+    with the whole row would cost m passes over it."""
+    logits = logits.float()
+    given = logits.gather(1, ids)
+    ascending = logits.sort(dim=-1).values
+    ranks = logits.shape[-1] - torch.searchsorted(ascending, given, right=True) + 1
+    return torch.cat([given - logits.logsumexp(dim=-1, keepdim=True), ranks.float()], dim=1)
 
 
 class SampledLogprobs:
     """logprobs=k for one step: score_rows for every sampled row (on a GPU; on a CPU, those that asked), packed
     as one float32 tensor [rows, 2k + 2] (values, token ids, the drawn token's log-prob and rank: ids and ranks
-    below 2**24 are exact) and copied to the host with the step's tokens."""
+    below 2**24 are exact) and copied to the host with the step's tokens. A row that gave token ids instead
+    (logprob_token_ids, vLLM's: their log-probs in place of a top-k) has them in 2m more columns, m the most ids
+    a row gave: score_given runs on those rows alone, and a step without any runs none of it."""
 
-    def __init__(self, logits: torch.Tensor, tokens: torch.Tensor, ks: list[int | None]):
-        self.k = max(k for k in ks if k is not None)
+    def __init__(self, logits: torch.Tensor, tokens: torch.Tensor, ks: list[int | list[int] | None]):
+        # ks: per row, its k, its token ids, or None (it did not ask)
+        self.k = max((k for k in ks if isinstance(k, int)), default=0)
+        self.m = max((len(k) for k in ks if isinstance(k, list)), default=0)
         if logits.is_cuda:
             self.rows = list(range(len(ks)))
         else:
@@ -92,25 +111,39 @@ class SampledLogprobs:
             index = torch.tensor(self.rows)
             logits, tokens = logits[index], tokens[index]
         values, indices, chosen, ranks = score_rows(logits, tokens, self.k)
-        packed = torch.cat([values, indices.float(), chosen[:, None], ranks[:, None].float()], dim=1)
+        parts = [values, indices.float(), chosen[:, None], ranks[:, None].float()]
+        if self.m:
+            given = [(row, ks[i]) for row, i in enumerate(self.rows) if isinstance(ks[i], list)]
+            at = torch.tensor([row for row, _ in given], device=logits.device)
+            # each row's ids padded to m with its first (the padding's columns are never read)
+            ids = torch.tensor([k + k[:1] * (self.m - len(k)) for _, k in given], device=logits.device)
+            scored = torch.zeros(len(self.rows), 2 * self.m, device=logits.device)
+            scored[at] = score_given(logits.index_select(0, at), ids)
+            parts.append(scored)
+        packed = torch.cat(parts, dim=1)
         self.host = torch.empty(packed.shape, pin_memory=packed.is_cuda)
         self.host.copy_(packed, non_blocking=True)
 
-    def read(self, tokens: list[int], ks: list[int | None]) -> list:
-        """Once the step is done: per sampled row, (its numbers, the drawn token) or None (it did not ask)."""
+    def read(self, tokens: list[int], ks: list[int | list[int] | None]) -> list:
+        """Once the step is done: per sampled row, (its numbers, the drawn token) or None (it did not ask). The
+        numbers of a row that gave n ids: their log-probs, their ranks, the drawn token's log-prob and rank."""
         numbers = self.host.numpy().copy()  # plain memory: the pinned buffer goes back at once
-        out = [None] * len(ks)
+        out, width = [None] * len(ks), 2 * self.k + 2
         for row, i in enumerate(self.rows):
-            if ks[i] is not None:
-                out[i] = (numbers[row], tokens[i])
+            if isinstance(ks[i], list):
+                n, line = len(ks[i]), numbers[row]
+                out[i] = (np.concatenate([line[width:width + n], line[width + self.m:width + self.m + n],
+                                          line[width - 2:width]]), tokens[i])
+            elif ks[i] is not None:
+                out[i] = (numbers[row, :width], tokens[i])
         return out
 
 
 class LogprobsList(collections.abc.Sequence):
     """A completion's log-probs, as vLLM's list of {token: Logprob} per output token: a dict is made when read
-    (LogprobsList[i]), from the numbers the step copied."""
+    (LogprobsList[i]), from the numbers the step copied. k: the top-k asked for, or the token ids given."""
 
-    def __init__(self, k: int, tokenizer=None):
+    def __init__(self, k: int | list[int], tokenizer=None):
         self.k, self.tokenizer, self.steps = k, tokenizer, []
 
     def append(self, step) -> None:
@@ -123,6 +156,10 @@ class LogprobsList(collections.abc.Sequence):
         if isinstance(i, slice):
             return [self[j] for j in range(*i.indices(len(self)))]
         numbers, token = self.steps[i]
+        if isinstance(self.k, list):
+            n = len(self.k)
+            return logprob_entry(numbers[:n], self.k, n, token, numbers[-2], numbers[-1], self.tokenizer,
+                                 ranks=numbers[n:2 * n])
         packed_k = (len(numbers) - 2) // 2
         return logprob_entry(numbers[:self.k], numbers[packed_k:packed_k + self.k].astype(int), self.k, token,
                              numbers[-2], numbers[-1], self.tokenizer)

@@ -459,7 +459,8 @@ def build_app(llm, model_name: str, max_waiting_requests: int = 256, api_key: st
         parser, whether the output begins inside the thinking (None: no parser), which goes out as
         delta.reasoning and delta.reasoning_content (ReasoningText), tool calls coming from the content only."""
         params, token_ids, named = streams[0].params, bool(body.return_token_ids), as_ids(body)
-        counts, top, tail = [0] * (params.n * len(streams)), params.logprobs or 0, None
+        top = None if params.logprob_token_ids else params.logprobs or 0  # None: the given ids, all listed
+        counts, tail = [0] * (params.n * len(streams)), None
         calls = [ToolCallText(tool_tokens, body.parallel_tool_calls is not False) for _ in counts] \
             if tools not in (None, "none") else None
         held: list[list] = [[] for _ in counts]  # each choice's tokens not sent yet (a tool call's block)
@@ -615,6 +616,9 @@ def build_app(llm, model_name: str, max_waiting_requests: int = 256, api_key: st
         # echo with max_tokens 0 (lm-evaluation-harness's scoring): the prompt and its log-probs, nothing new.
         # The engine makes one token, as vLLM's does, which the response leaves out.
         echo_only = body.echo and body.max_tokens == 0
+        if echo_only and body.logprob_token_ids:
+            raise BadRequest("logprob_token_ids scores generated tokens: echo with max_tokens 0 generates none",
+                             "logprob_token_ids")
         params = sampling_params(body, 1 if echo_only else body.max_tokens, body.logprobs, default_max_tokens=16,
                                  defaults=sampling_defaults)
         if body.echo and body.logprobs is not None:  # the echoed prompt's tokens come with their log-probs
@@ -750,7 +754,8 @@ def build_app(llm, model_name: str, max_waiting_requests: int = 256, api_key: st
         return message
 
     def chat_json(body, request_id: str, stream: RequestStream, tools: str | None, thinking: bool | None) -> dict:
-        choices, token_ids, named, top = [], bool(body.return_token_ids), as_ids(body), body.top_logprobs or 0
+        choices, token_ids, named = [], bool(body.return_token_ids), as_ids(body)
+        top = None if body.logprob_token_ids else body.top_logprobs or 0  # None: the given ids, all listed
         for seq in sorted(stream.seqs, key=lambda s: s.index):
             out = seq.completion()
             logprobs = chat_logprobs(tokenizer, out.token_ids, seq.logprobs, top, named) \

@@ -55,8 +55,6 @@ class StreamOptions(RequestModel):
 # at which it does nothing (None, or the values listed).
 REFUSED = {
     "best_of": "best_of (more candidates than n, keeping the likeliest) is not supported",
-    "logprob_token_ids": "logprob_token_ids (the log-probs of given token ids) is not supported: the engine "
-                         "returns the top-k log-probs and the drawn token's",
     "suffix": "suffix (insertion: text after the completion) is not supported",
     "use_beam_search": "beam search is not supported", "length_penalty": "length_penalty (beam search) is not supported",
     "guided_decoding_backend": "guided_decoding_backend: this server's structured outputs use llguidance only",
@@ -72,7 +70,7 @@ REFUSED = {
 }
 DOES_NOTHING = {"use_beam_search": (False,), "length_penalty": (1.0,), "guided_decoding_backend": ("auto", "guidance"),
                 "modalities": (["text"],), "priority": (0,),
-                "spaces_between_special_tokens": (True,), "logprob_token_ids": ([],)}
+                "spaces_between_special_tokens": (True,)}
 
 
 class SamplingRequest(RequestModel):
@@ -134,7 +132,7 @@ class SamplingRequest(RequestModel):
     guided_whitespace_pattern: Any = None
     priority: Any = None
     spaces_between_special_tokens: Any = None
-    logprob_token_ids: Any = None
+    logprob_token_ids: Any = None  # vLLM's: these tokens' log-probs in place of the top-k (checked by SamplingParams)
 
 
 class CompletionRequest(SamplingRequest):
@@ -499,12 +497,17 @@ def sampling_params(request: SamplingRequest, max_tokens: int | None, logprobs: 
     if request.stream and request.prompt_logprobs is not None:
         raise BadRequest("prompt_logprobs cannot be streamed yet: send it with stream: false", "prompt_logprobs")
     refuse_unsupported(request)
+    if request.logprob_token_ids and logprobs is None:
+        raise BadRequest("logprob_token_ids needs logprobs (true on chat, a number on completions): the given "
+                         "tokens' log-probs come where the top-k would", "logprob_token_ids")
     passed = ("temperature", "top_p", "top_k", "min_p", "n", "seed", "stop", "stop_token_ids", "ignore_eos",
               "presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias", "min_tokens",
               "include_stop_str_in_output", "skip_special_tokens", "allowed_token_ids", "bad_words",
-              "truncate_prompt_tokens", "prompt_logprobs")
+              "truncate_prompt_tokens", "prompt_logprobs", "logprob_token_ids")
     fields = {name: getattr(request, name) for name in passed}
-    fields.update(max_tokens=default_max_tokens if max_tokens is None else max_tokens, logprobs=logprobs)
+    # given token ids replace the top-k (vLLM's), whatever logprobs or top_logprobs says
+    fields.update(max_tokens=default_max_tokens if max_tokens is None else max_tokens,
+                  logprobs=None if request.logprob_token_ids else logprobs)
     structured = structured_output_spec(request)
     if structured is not None:
         fields["structured_outputs"] = structured[1]
@@ -592,9 +595,10 @@ def prompt_logprobs_json(tokenizer, steps: list[dict | None] | None) -> list | N
                                      for t, v in lp.items()} for lp in steps]
 
 
-def chat_logprobs(tokenizer, token_ids: list[int], steps: list[dict], top: int, as_ids: bool = False) -> dict:
+def chat_logprobs(tokenizer, token_ids: list[int], steps: list[dict], top: int | None,
+                  as_ids: bool = False) -> dict:
     """The chat endpoint's logprobs: per token its text (or "token_id:N"), log-prob, UTF-8 bytes of its
-    text, and the top alternatives."""
+    text, and the top alternatives (top None: every token the step scored, as with logprob_token_ids)."""
     texts = token_texts(tokenizer)
 
     def entry(token_id: int, logprob: float) -> dict:
