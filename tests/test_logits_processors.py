@@ -124,7 +124,11 @@ def test_penalty_counts_kept_on_the_device_match_a_recount_every_step(case):
             p = SamplingParams(repetition_penalty=rng.choice([1.0, 1.5]), frequency_penalty=rng.uniform(-2, 2),
                                presence_penalty=rng.uniform(-2, 2))
             live[seq_id] = seq(p, history(rng, rng.randint(1, 5)), history(rng, rng.randint(0, 3)), seq_id=seq_id)
-        seqs = rng.sample(list(live.values()), len(live))  # rows move
+        if step and rng.random() < 0.5:  # the last rows still running, then new ones (as decoding goes)
+            running = [s for s in seqs if s.finish_reason is None]
+            seqs = running + [s for s in live.values() if all(s is not r for r in running)]
+        else:
+            seqs = rng.sample(list(live.values()), len(live))  # rows move
         steps = [len(s.output_ids) for s in seqs]
         logits = torch.randn(len(seqs), VOCAB)
         got = process_logits(logits, seqs, steps, processors=kept)

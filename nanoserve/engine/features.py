@@ -101,7 +101,8 @@ class BatchProcessors:
         self.slot_of: dict[int, int] = {}  # seq_id -> its slot
         self.holders: dict[int, object] = {}  # slot -> its sequence
         self.free = list(range(max_rows))[::-1]
-        self.last: list = []  # (processor, rows, slots) of the last apply: drawn() tells them the tokens
+        self.last: list = []  # (processor, rows) of the last apply: drawn() tells them the tokens
+        self.layout_of: tuple = ((), (), [])  # the last step's sequences, their ids, and its layout
 
     def processor(self, name: str) -> LogitsProcessor:
         if name not in self.made:
@@ -130,26 +131,39 @@ class BatchProcessors:
         log-probs are what logprobs report, as in vLLM). Rows that ask for nothing keep their values.
         last_inputs(): [B] on the device, each row's last input token (a drawn token the host has not seen yet,
         with async scheduling)."""
+        self.last = []
+        layout = self.layout(seqs)
+        if not layout:
+            return logits
+        out = logits.float().clone() if logits.dtype == torch.float32 else logits.float()
+        for processor, rows, index, slots, slot_ids, row_seqs in layout:
+            part = Rows(index, slots, slot_ids, row_seqs, [steps[i] for i in rows], last_inputs)
+            processor.apply(out, part)
+            self.last.append((processor, part))
+        return out
+
+    def layout(self, seqs: list) -> list:
+        """Per processor that rows of the step use: (it, its rows, their rows and slots on the device, the slots
+        on the host, the sequences). While decoding, step after step has the same sequences in the same rows:
+        then the last step's layout serves again, with no pass over the rows in Python and no copy."""
+        key = tuple(map(id, seqs))  # (the layout keeps the sequences: no new object can take an id of these)
+        if key == self.layout_of[1]:
+            return self.layout_of[2]
         users: dict[str, list[int]] = {}
         for i, seq in enumerate(seqs):
             for name in seq.features:
                 users.setdefault(name, []).append(i)
         users = {name: users[name] for name in self.names if name in users}
-        self.last = []
-        if not users:
-            return logits
         slot_of = {i: self.slot(seqs[i]) for rows in users.values() for i in rows}
         flat = [x for rows in users.values() for x in (*rows, *(slot_of[i] for i in rows))]
-        index, at = to_device(flat, torch.long, self.device), 0  # one copy for every processor's rows and slots
-        out = logits.float().clone() if logits.dtype == torch.float32 else logits.float()
+        index, at, layout = to_device(flat, torch.long, self.device), 0, []  # one copy for every processor
         for name, rows in users.items():
-            n, processor = len(rows), self.processor(name)
-            part = Rows(index[at:at + n], index[at + n:at + 2 * n], [slot_of[i] for i in rows],
-                        [seqs[i] for i in rows], [steps[i] for i in rows], last_inputs)
+            n = len(rows)
+            layout.append((self.processor(name), rows, index[at:at + n], index[at + n:at + 2 * n],
+                           [slot_of[i] for i in rows], [seqs[i] for i in rows]))
             at += 2 * n
-            processor.apply(out, part)
-            self.last.append((processor, part))
-        return out
+        self.layout_of = (list(seqs), key, layout)
+        return layout
 
     def drawn(self, tokens: torch.Tensor) -> None:
         for processor, rows in self.last:
