@@ -63,6 +63,7 @@ def main() -> int:
             summary = {name: {k: statistics.median(x[k] for x in rs) for k in rs[0]} for name, rs in runs.items() if rs}
             if runs["old"] and runs["new"]:
                 summary["new/old"] = {k: summary["new"][k] / summary["old"][k] for k in ("tok_per_s", "bs1_tok_per_s")}
+            os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
             with open(args.out, "w") as f:
                 json.dump({"model": args.model, "runs": runs, "median": summary}, f, indent=1)
     print(json.dumps(summary, indent=1))
