@@ -100,13 +100,16 @@ class ModelRunner:
     def draw(self, launched: LaunchedStep) -> None:
         """Sample the step's tokens (after the logits processors) and queue their copy to the host."""
         sampled, logits, steps = launched.sampled, launched.logits, launched.steps
-        edited = self.processors.apply(logits, sampled, steps, launched.last_inputs) if launched.features else logits
+        # log-probs are the model's (as vLLM's): the processors edit a copy if a row asks for them
+        wants_logprobs = "logprobs" in launched.features
+        edited = self.processors.apply(logits, sampled, steps, launched.last_inputs, in_place=not wants_logprobs) \
+            if launched.features else logits
         tokens = self.sampler(edited, [s.params for s in sampled], [s.seed for s in sampled], steps)
         if launched.features:
             self.processors.drawn(tokens)
             # per row: its top-k, or its given token ids; a prefilling sequence may be the one that asked
             ks = [s.params.logprob_token_ids or s.params.logprobs for s in sampled]
-            if any(k is not None for k in ks):  # the model's, as vLLM's
+            if wants_logprobs and any(k is not None for k in ks):
                 launched.logprobs = load("logprobs")(logits, tokens, ks)
         host, self.current = self.host_tokens[self.current][:len(sampled)], self.current ^ 1
         host.copy_(tokens, non_blocking=True)
