@@ -48,6 +48,7 @@ class LogitBias(LogitsProcessor):
         self.ids = torch.zeros(self.max_rows, 0, dtype=torch.long, device=self.device)
         self.values = torch.zeros(self.max_rows, 0, device=self.device)
         self.sizes = torch.zeros(self.max_rows, dtype=torch.long, device=self.device)  # each slot's pairs
+        self.host_sizes = [0] * self.max_rows  # the same, on the host
 
     def add(self, slot, seq):
         ids, values = cached(seq.params, "_bias", seq.params.logit_bias,
@@ -58,15 +59,18 @@ class LogitBias(LogitsProcessor):
         self.ids[slot], self.values[slot] = 0, 0.0
         self.ids[slot, :len(ids)] = ids.to(self.device, non_blocking=True)
         self.values[slot, :len(ids)] = values.to(self.device, non_blocking=True)
-        self.sizes[slot] = len(ids)
+        self.sizes[slot] = self.host_sizes[slot] = len(ids)
 
     def apply(self, logits, rows):
         if self.device.type == "cuda":  # lesson 06's kernel: one launch
             from nanoserve.kernels.triton_fused import triton_logit_bias  # (Triton: on GPU machines only)
             return triton_logit_bias(logits, rows.index, rows.slots, self.ids, self.values, self.sizes)
-        # into the flattened logits: each (row, token) pair once, padding aside, so the sum is exact in any order
-        flat = rows.index[:, None] * logits.shape[1] + self.ids[rows.slots]
-        logits.view(-1).index_add_(0, flat.view(-1), self.values[rows.slots].view(-1))
+        # On a CPU, row by row: each row's own pairs, padding aside (one addition per logit: exact in any order).
+        # A batched form makes two [rows, widest] tensors of positions and biases, which cost 6x more where a
+        # request biases the whole vocabulary (329 against 55 ms a step at 129 rows, one thread).
+        for row, slot in zip(rows.index.tolist(), rows.slot_ids):
+            n = self.host_sizes[slot]
+            logits[row].index_add_(0, self.ids[slot, :n], self.values[slot, :n])
 
 
 class AllowedTokens(LogitsProcessor):
