@@ -28,6 +28,17 @@ class RowTable:
         self.rows[slot] = self.fill
         self.rows[slot, ids.to(self.device, non_blocking=True)] = values
 
+    def ban(self, logits, index: torch.Tensor, slots: torch.Tensor, slot_ids: list[int], where: bool) -> None:
+        """-inf into logits row index[i] wherever this table's row slots[i] is `where`. On a GPU in one batched
+        edit (a launch a row would cost more than the work); on a CPU row by row in place, without the batched
+        edit's [rows, vocabulary] copies (15 against 150 ms at 129 rows of 151,936 logits, one thread)."""
+        if logits.is_cuda:
+            table = self.rows[slots]
+            logits[index] = logits[index].masked_fill(table if where else ~table, float("-inf"))
+            return
+        for row, slot in zip(index.tolist(), slot_ids):
+            logits[row].masked_fill_(self.rows[slot] if where else ~self.rows[slot], float("-inf"))
+
 
 def cached(params, name: str, source, make):
     """make(source), kept on params while params.<field> is still `source`: a request's n completions, and
@@ -82,7 +93,7 @@ class AllowedTokens(LogitsProcessor):
         self.allowed.write(slot, cached(seq.params, "_allowed", seq.params.allowed_token_ids, torch.tensor), True)
 
     def apply(self, logits, rows):
-        logits[rows.index] = logits[rows.index].masked_fill(~self.allowed.rows[rows.slots], float("-inf"))
+        self.allowed.ban(logits, rows.index, rows.slots, rows.slot_ids, where=False)
 
 
 class MinP(LogitsProcessor):
@@ -173,8 +184,8 @@ class BannedTokens(LogitsProcessor):
             logits[rows.index[index[0]], index[1]] = float("-inf")
         if fixed:
             which = to_device(fixed, torch.long, self.device)
-            part = rows.index[which]
-            logits[part] = logits[part].masked_fill(self.single.rows[rows.slots[which]], float("-inf"))
+            self.single.ban(logits, rows.index[which], rows.slots[which], [rows.slot_ids[r] for r in fixed],
+                            where=True)
 
 
 def check_drawn(seq, token: int) -> None:
