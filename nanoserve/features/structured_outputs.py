@@ -208,9 +208,9 @@ class GrammarMask(LogitsProcessor):
         if self.device.type == "cuda":  # lesson 06's kernel: -inf written where a bit is 0, in one pass
             from nanoserve.kernels.triton_fused import triton_apply_bitmask  # (Triton: on GPU machines only)
             triton_apply_bitmask(logits, words, rows.index)
-        else:
-            allowed = unpack_bitmask(words, self.vocab_size)
-            logits[rows.index] = logits[rows.index].masked_fill(~allowed, float("-inf"))
+        else:  # row by row, in place: no [rows, vocabulary] copies (134 against 337 ms at 129 rows, one thread)
+            for r, row in enumerate(rows.index.tolist()):
+                logits[row].masked_fill_(~unpack_bitmask(words[r:r + 1], self.vocab_size)[0], float("-inf"))
 
 
 def unpack_bitmask(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
