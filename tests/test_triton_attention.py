@@ -695,3 +695,23 @@ def test_triton_logit_bias_and_min_p_are_the_torch_paths(seed):
     triton_fused.triton_min_p(got, on["index"], on["slots"], on["floor"])
     assert (want == float("-inf")).sum() > (logits == float("-inf")).sum()  # min_p cut something
     assert torch.equal(got.cpu(), want)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_triton_top_k_is_torch_topk(seed):
+    # logprobs' top k: the values are torch.topk's exactly, each token holds its value, no token twice. Rows
+    # of a few tiles and a ragged last one (small tiles here, the interpreter runs each program in Python),
+    # logits rounded to quarters so that many tie (in a tile and across tiles), k from 1 to past a tile's width.
+    from nanoserve.kernels import triton_fused
+
+    rng, gen = random.Random(seed), torch.Generator().manual_seed(seed)
+    B, V, block = rng.randint(1, 4), rng.choice([37, 200, 1000]), rng.choice([16, 64])
+    dtype = rng.choice([torch.float32, torch.float16] + ([torch.bfloat16] if ON_GPU else []))
+    logits = ((torch.randn(B, V, generator=gen) * 8).round() / 4).to(DEVICE, dtype)
+    for k in sorted({1, 2, rng.randint(3, 20), min(V, block + 3)}):
+        values, tokens = triton_fused.triton_top_k(logits, k, block=block)
+        want = logits.float().topk(k, dim=-1).values
+        assert values.dtype == torch.float32 and tokens.shape == (B, k)
+        assert torch.equal(values, want), k
+        assert torch.equal(logits.float().gather(1, tokens), values), k
+        assert all(len(set(row)) == k for row in tokens.tolist()) and int(tokens.max()) < V, k

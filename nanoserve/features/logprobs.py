@@ -29,10 +29,20 @@ def score_rows(logits: torch.Tensor, targets: torch.Tensor, k: int) -> tuple:
     """On the device, for each row: its k likeliest tokens' log-probs, and its target token's log-prob and
     rank (1 + how many tokens were likelier). A log-prob is the logit less the row's logsumexp: the top k and the
     ranks are the logits' own (in their dtype, bfloat16 on a GPU: half the work of a float32 top-k)."""
-    top = logits.topk(min(k, logits.shape[-1]), dim=-1)
+    values, indices = top_k(logits, min(k, logits.shape[-1]))
     chosen = logits.gather(1, targets[:, None])[:, 0].float()
     lse, rank = logsumexp_rank(logits, chosen)
-    return top.values.float() - lse[:, None], top.indices, chosen - lse, rank
+    return values.float() - lse[:, None], indices, chosen - lse, rank
+
+
+def top_k(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's k largest logits and their tokens. On a GPU, for the k a request may ask (up to 32), lesson 06's
+    kernel: torch's topk costs more than the rest of the log-probs together there."""
+    if logits.is_cuda and 0 < k <= 32:
+        from nanoserve.kernels.triton_fused import triton_top_k  # (Triton: on GPU machines only)
+        return triton_top_k(logits, k)
+    top = logits.topk(k, dim=-1)
+    return top.values, top.indices
 
 
 def logsumexp_rank(logits: torch.Tensor, chosen: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

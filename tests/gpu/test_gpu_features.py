@@ -167,3 +167,23 @@ def test_request_safety_on_the_gpu_path():
             llm.generate(["hi"], SamplingParams(stop_token_ids=[llm.model.config.vocab_size], min_tokens=1),
                          use_tqdm=False)
         assert getattr(refused.value, "param", None) == "stop_token_ids"
+
+
+def test_logprobs_from_the_top_k_kernel_are_torch_topks(monkeypatch):
+    """logprobs and prompt_logprobs through lesson 06's top-k kernel, against the same engine with torch's topk
+    (float32, so that no two of a row's likeliest logits tie): the same entries, the same numbers."""
+    from nanoserve.features import logprobs
+
+    rng = random.Random(1)
+    prompts = _random_prompts(rng, 24)
+    params = [SamplingParams(max_tokens=12, temperature=0.8, seed=i, logprobs=k, ignore_eos=True,
+                             prompt_logprobs=3 if i % 4 == 0 else None) for i, k in enumerate([1, 5, 20] * 8)]
+    with LLM(MODEL, dtype="float32", max_model_len=1024) as llm:
+        fast = llm.generate(prompts, params, use_tqdm=False)
+        monkeypatch.setattr(logprobs, "top_k", lambda x, k: tuple(x.topk(k, dim=-1)))
+        slow = llm.generate(prompts, params, use_tqdm=False)
+    for a, b in zip(fast, slow):
+        assert a.outputs[0].token_ids == b.outputs[0].token_ids
+        assert list(a.outputs[0].logprobs) == list(b.outputs[0].logprobs)
+        assert (a.prompt_logprobs is None) == (b.prompt_logprobs is None)
+        assert a.prompt_logprobs is None or a.prompt_logprobs == b.prompt_logprobs
