@@ -6,6 +6,8 @@ of its kernels) against the wall time, the kernels by name, and the idle gaps on
 ends them. If the event waits are near zero, the GPU waited for the CPU (the step is CPU-bound).
 
     python bench/time_split.py OUT.json [--model qwen3-0.6b-random]   (GPU only)
+    python bench/time_split.py OUT.json --feature "min_p + logit_bias"   the workload (max_tokens capped at
+        256) plain, then with a row of `nanoserve bench --features`, each timed then profiled
 """
 import argparse
 import collections
@@ -16,7 +18,7 @@ import time
 import torch
 
 from nanoserve import LLM, SamplingParams
-from nanoserve.bench import workload
+from nanoserve.bench import FEATURES, feature_params, warm_up_features, workload
 
 sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
 
@@ -31,10 +33,12 @@ class PhaseTimer:
             self.wrap(owner, name)
         # inside launch
         from nanoserve.engine import model_runner
-        for name in ("prepare_inputs", "rows_from_previous", "scored_prompt_rows", "process_logits", "top_logprobs",
-                     "record_event"):
+        for name in ("prepare_inputs", "rows_from_previous", "record_event"):
             self.wrap(model_runner, name, restore=getattr(model_runner, name))
         self.wrap(self.runner.builder, "build")
+        self.wrap(self.runner, "draw")  # the draw, processors included
+        for name in ("apply", "layout", "drawn"):  # the logits processors (features): their host time
+            self.wrap(self.runner.processors, name)
         self.wrap(self.runner, "sampler", restore=self.runner.sampler)
         self.wrap(self.runner, "compute")
         if hasattr(self.runner.sampler, "pick"):
@@ -130,8 +134,11 @@ def main() -> int:
     parser.add_argument("--model", default="qwen3-0.6b-random")
     parser.add_argument("--skip-workload-profile", action="store_true")
     parser.add_argument("--num-seqs", type=int, default=256)  # fewer: a dry run on a CPU
+    parser.add_argument("--feature", choices=[f for f in FEATURES if f != "plain"])
     args = parser.parse_args()
     llm = LLM(args.model, max_model_len=4096)
+    if args.feature:
+        return split_feature(llm, args)
     llm.generate(["Benchmark: "], SamplingParams(max_tokens=16), use_tqdm=False)  # warm-up
     import random
     one = [random.Random(1).choices(range(10000), k=128)]
@@ -152,6 +159,25 @@ def main() -> int:
     with open(args.out, "w") as f:
         json.dump(result, f, indent=1)
     print(json.dumps({k: v for k, v in result.items() if "profile" in k}, indent=1)[:6000])
+    llm.shutdown()
+    return 0
+
+
+def split_feature(llm, args) -> int:
+    """The workload as `nanoserve bench --features` runs it, plain and with one feature row, alternating twice."""
+    warm_up_features(llm)
+    prompts, wanted = workload(args.num_seqs)
+    llm.generate(prompts, SamplingParams(max_tokens=1), use_tqdm=False)  # the prompts in the prefix cache
+    result = {"gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu", "model": args.model}
+    for r, row in enumerate(["plain", args.feature, args.feature, "plain"]):
+        result[f"{row} timed {r}"] = run_timed(llm, prompts, feature_params(row, wanted))
+        print(row, json.dumps(result[f"{row} timed {r}"]), flush=True)
+    if torch.cuda.is_available():
+        for row in ("plain", args.feature):
+            result[f"{row} profile"] = gpu_profile(llm, prompts, feature_params(row, wanted))
+    with open(args.out, "w") as f:
+        json.dump(result, f, indent=1)
+    print(json.dumps({k: v for k, v in result.items() if "profile" in k}, indent=1)[:8000])
     llm.shutdown()
     return 0
 
