@@ -107,9 +107,9 @@ class ModelRunner:
         tokens = self.sampler(edited, [s.params for s in sampled], [s.seed for s in sampled], steps)
         if launched.features:
             self.processors.drawn(tokens)
-            # per row: its top-k, or its given token ids; a prefilling sequence may be the one that asked
+        if wants_logprobs:  # per row: its top-k, or its given token ids (a prefilling sequence may have asked)
             ks = [s.params.logprob_token_ids or s.params.logprobs for s in sampled]
-            if wants_logprobs and any(k is not None for k in ks):
+            if any(k is not None for k in ks):
                 launched.logprobs = load("logprobs")(logits, tokens, ks)
         host, self.current = self.host_tokens[self.current][:len(sampled)], self.current ^ 1
         host.copy_(tokens, non_blocking=True)
