@@ -302,3 +302,23 @@ def test_min_p_follows_each_rows_slot_when_rows_move(case):
         logits = torch.randn(len(seqs), VOCAB) * 3
         got = process_logits(logits, seqs, [0] * len(seqs), processors=kept)
         assert torch.equal(got, process_logits(logits, seqs, [0] * len(seqs))), step
+
+
+@pytest.mark.parametrize("case", range(6))
+def test_every_processors_rows_and_slots_start_on_16_bytes(case):
+    """A step's layout gives each processor its rows and their slots as slices of one tensor. Triton compiles
+    a kernel for the alignment of its pointers, so a slice at an odd offset (an odd number of rows before it)
+    would compile every processor's kernel again in the middle of a run: each slice starts on 16 bytes, and
+    holds exactly its rows and slots."""
+    rng = random.Random(case)
+    kept = BatchProcessors(40, VOCAB, "cpu")
+    asks = [dict(min_p=0.1), dict(logit_bias={1: 2.0}), dict(repetition_penalty=1.2), dict(allowed_token_ids=[3]),
+            dict(min_tokens=2)]
+    seqs = [seq(SamplingParams(**{k: v for f in rng.sample(asks, rng.randint(0, 3)) for k, v in f.items()}),
+                history(rng, 3), [], stop_ids=[0], seq_id=i) for i in range(rng.randint(3, 40))]
+    layout = kept.layout(seqs)
+    assert layout and sum(len(rows) for _, rows, *_ in layout) == sum(len(s.features) for s in seqs)
+    for processor, rows, index, slots, slot_ids, row_seqs in layout:
+        assert index.data_ptr() % 16 == 0 and slots.data_ptr() % 16 == 0, (type(processor).__name__, len(rows))
+        assert index.tolist() == rows and slots.tolist() == slot_ids == [kept.slot(seqs[i]) for i in rows]
+        assert row_seqs == [seqs[i] for i in rows]

@@ -157,13 +157,18 @@ class BatchProcessors:
                 users.setdefault(name, []).append(i)
         users = {name: users[name] for name in self.names if name in users}
         slot_of = {i: self.slot(seqs[i]) for rows in users.values() for i in rows}
-        flat = [x for rows in users.values() for x in (*rows, *(slot_of[i] for i in rows))]
-        index, at, layout = to_device(flat, torch.long, self.device), 0, []  # one copy for every processor
+        # One copy for every processor: its rows, then their slots, each padded to an even length, so that
+        # every slice starts on 16 bytes. Triton compiles a kernel for the alignment of its pointers: an odd
+        # offset would compile each processor's kernel again, mid-run, the first time an odd number of rows
+        # used it (a stall of every request in the batch).
+        even = lambda part: part + [0] * (len(part) % 2)
+        flat = [x for rows in users.values() for part in (rows, [slot_of[i] for i in rows]) for x in even(part)]
+        index, at, layout = to_device(flat, torch.long, self.device), 0, []
         for name, rows in users.items():
-            n = len(rows)
-            layout.append((self.processor(name), rows, index[at:at + n], index[at + n:at + 2 * n],
+            n, width = len(rows), len(rows) + len(rows) % 2
+            layout.append((self.processor(name), rows, index[at:at + n], index[at + width:at + width + n],
                            [slot_of[i] for i in rows], [seqs[i] for i in rows]))
-            at += 2 * n
+            at += 2 * width
         self.layout_of = (list(seqs), key, layout)
         return layout
 

@@ -187,3 +187,25 @@ def test_logprobs_from_the_top_k_kernel_are_torch_topks(monkeypatch):
         assert list(a.outputs[0].logprobs) == list(b.outputs[0].logprobs)
         assert (a.prompt_logprobs is None) == (b.prompt_logprobs is None)
         assert a.prompt_logprobs is None or a.prompt_logprobs == b.prompt_logprobs
+
+
+def _variants(kernel) -> int:
+    """How many compiled versions of a Triton kernel this process holds (one per specialisation)."""
+    return sum(len(cache[0]) for cache in kernel.device_caches.values())
+
+
+def test_feature_kernels_compile_once_whatever_the_number_of_rows_using_them():
+    """Triton compiles a kernel again for each alignment of its pointer arguments. The processors' rows and slots
+    are slices of one tensor, so an odd number of rows before a slice could misalign it: a compile (tenths of a
+    second, for every request in the batch) the first time it happens. Odd and even counts share one version."""
+    from nanoserve.kernels import triton_fused
+    kernels = (triton_fused._min_p_kernel, triton_fused._logit_bias_kernel)
+    fields = dict(min_p=0.05, logit_bias={t: -5.0 for t in range(100)}, temperature=0.8, ignore_eos=True)
+    with LLM(MODEL, max_model_len=512) as llm:
+        counts = []
+        for n in (2, 3, 5, 4, 7, 1):
+            params = [SamplingParams(seed=i, max_tokens=4 + i, **fields) for i in range(n)]
+            outs = llm.generate([[1 + i, 2, 3] for i in range(n)], params, use_tqdm=False)
+            assert [o.error for o in outs if o.error] == []
+            counts.append([_variants(k) for k in kernels])
+    assert counts[0] != [0, 0] and counts == [counts[0]] * len(counts), counts
