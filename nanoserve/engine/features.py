@@ -84,8 +84,8 @@ class LogitsProcessor:
         pass
 
 
-def to_device(values: list, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """A host list on the device without a wait: a GPU copies it from pinned memory in its own queue."""
+def to_device(values, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A host list or tensor on the device without a wait: a GPU copies it from pinned memory in its own queue."""
     tensor = torch.as_tensor(values, dtype=dtype)
     return tensor.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else tensor
 

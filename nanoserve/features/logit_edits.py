@@ -26,7 +26,7 @@ class RowTable:
         if self.rows is None:
             self.rows = torch.full(self.shape, self.fill, dtype=self.dtype, device=self.device)
         self.rows[slot] = self.fill
-        self.rows[slot, ids.to(self.device, non_blocking=True)] = values
+        self.rows[slot, to_device(ids, torch.long, self.device)] = values
 
     def ban(self, logits, index: torch.Tensor, slots: torch.Tensor, slot_ids: list[int], where: bool) -> None:
         """-inf into logits row index[i] wherever this table's row slots[i] is `where`. On a GPU in one batched
@@ -66,9 +66,9 @@ class LogitBias(LogitsProcessor):
         if len(ids) > self.ids.shape[1]:  # wider than every slot so far: widen all of them
             grow = (0, len(ids) - self.ids.shape[1])
             self.ids, self.values = torch.nn.functional.pad(self.ids, grow), torch.nn.functional.pad(self.values, grow)
-        self.ids[slot], self.values[slot] = 0, 0.0
-        self.ids[slot, :len(ids)] = ids.to(self.device, non_blocking=True)
-        self.values[slot, :len(ids)] = values.to(self.device, non_blocking=True)
+        pad = (0, self.ids.shape[1] - len(ids))  # a whole row in one copy each, from pinned memory: no wait
+        self.ids[slot] = to_device(torch.nn.functional.pad(ids, pad), torch.long, self.device)
+        self.values[slot] = to_device(torch.nn.functional.pad(values, pad), torch.float32, self.device)
         self.sizes[slot] = len(ids)
 
     def apply(self, logits, rows):
