@@ -114,17 +114,20 @@ class BatchProcessors:
         """seq's slot: a new one (its state written by each of its processors) if it has none."""
         slot = self.slot_of.get(seq.seq_id)
         if slot is None:
-            for old, holder in list(self.holders.items()):  # slots of sequences that stopped running
-                status = getattr(holder, "status", None)  # (lesson 02's requests have none)
-                if holder.finish_reason is not None or (status is not None and status.name != "RUNNING"):
-                    del self.holders[old], self.slot_of[holder.seq_id]
-                    self.free.append(old)
             slot = self.slot_of[seq.seq_id] = self.free.pop()
             self.holders[slot] = seq
             for name in seq.features:
                 if name in self.names:
                     self.processor(name).add(slot, seq)
         return slot
+
+    def release_stopped(self) -> None:
+        """Free the slots of sequences that stopped running (finished, or preempted: they join again anew)."""
+        for old, holder in list(self.holders.items()):
+            status = getattr(holder, "status", None)  # (lesson 02's requests have none)
+            if holder.finish_reason is not None or (status is not None and status.name != "RUNNING"):
+                del self.holders[old], self.slot_of[holder.seq_id]
+                self.free.append(old)
 
     def apply(self, logits: torch.Tensor, seqs: list, steps: list[int], last_inputs=None,
               in_place: bool = False) -> torch.Tensor:
@@ -156,6 +159,8 @@ class BatchProcessors:
             for name in seq.features:
                 users.setdefault(name, []).append(i)
         users = {name: users[name] for name in self.names if name in users}
+        if any(seqs[i].seq_id not in self.slot_of for rows in users.values() for i in rows):
+            self.release_stopped()  # once, before the new sequences take slots (not once for each)
         slot_of = {i: self.slot(seqs[i]) for rows in users.values() for i in rows}
         # One copy for every processor: its rows, then their slots, each padded to an even length, so that
         # every slice starts on 16 bytes. Triton compiles a kernel for the alignment of its pointers: an odd
