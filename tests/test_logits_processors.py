@@ -11,7 +11,8 @@ from transformers import (MinNewTokensLengthLogitsProcessor, MinPLogitsWarper,
                           RepetitionPenaltyLogitsProcessor, TemperatureLogitsWarper)
 
 from nanoserve import LLM, SamplingParams
-from nanoserve.engine.features import BatchProcessors, features_of
+from nanoserve.engine.features import features_of
+from nanoserve.features.processors import BatchProcessors
 from nanoserve.features.logit_edits import BadWords
 
 VOCAB = 50
@@ -256,7 +257,7 @@ def test_stop_reason_and_num_cached_tokens(llm):
 
 def test_a_logits_processor_of_your_own_edits_only_the_requests_that_want_it():
     """vLLM's logits_processors argument: a LogitsProcessor class with per-slot state on the device."""
-    from nanoserve.engine.features import LogitsProcessor
+    from nanoserve.features.processors import LogitsProcessor
 
     class ForceToken(LogitsProcessor):
         """Requests whose extra_args hold {"ForceToken": t} draw t, every time."""

@@ -13,7 +13,7 @@ import torch
 from fastapi.testclient import TestClient
 
 from nanoserve import LLM
-from nanoserve.engine.features import LogitsProcessor
+from nanoserve.features.processors import LogitsProcessor
 from nanoserve.serve.api_server import build_app
 from nanoserve.serve.reasoning import Qwen3Reasoning, ReasoningText
 

@@ -613,7 +613,7 @@ def test_triton_penalties_are_exercise_2_5s_torch_path(seed):
     # logits and penalties below 1 and negative.
     from types import SimpleNamespace
 
-    from nanoserve.engine.features import Rows
+    from nanoserve.features.processors import Rows
     from nanoserve.engine.sampling_params import SamplingParams
     from nanoserve.features.penalties import Penalties
     from nanoserve.kernels import triton_fused
@@ -665,7 +665,7 @@ def test_triton_logit_bias_and_min_p_are_the_torch_paths(seed):
     # that use neither, -inf logits, each min_p floor its own.
     from types import SimpleNamespace
 
-    from nanoserve.engine.features import Rows
+    from nanoserve.features.processors import Rows
     from nanoserve.engine.sampling_params import SamplingParams
     from nanoserve.features.logit_edits import LogitBias, MinP
     from nanoserve.kernels import triton_fused

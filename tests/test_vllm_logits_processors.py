@@ -14,7 +14,7 @@ import torch
 
 from nanoserve import LLM, EngineArgs, SamplingParams
 from nanoserve.config import VllmConfig
-from nanoserve.engine.features import BatchProcessors
+from nanoserve.features.processors import BatchProcessors
 from nanoserve.logger import init_logger
 from nanoserve.v1.sample.logits_processor import (AdapterLogitsProcessor, BatchUpdate, LogitsProcessor,
                                                   MoveDirectionality, RequestLogitsProcessor)
@@ -360,7 +360,7 @@ def test_validate_params_refuses_one_request_and_bad_classes_are_refused_by_name
 
 def test_the_adapter_is_imported_only_for_a_vllm_class():
     """nanoserve's own processors and a plain LLM's settings never load vLLM's interface."""
-    code = ("import sys; from nanoserve import EngineArgs; from nanoserve.engine.features import LogitsProcessor\n"
+    code = ("import sys; from nanoserve import EngineArgs; from nanoserve.features.processors import LogitsProcessor\n"
             "class Mine(LogitsProcessor): pass\n"
             "EngineArgs(model='tiny-qwen3', logits_processors=[Mine])\n"
             "print(sorted(m for m in sys.modules if m.startswith('nanoserve.v1.sample')))")

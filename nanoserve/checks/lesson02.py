@@ -149,7 +149,7 @@ def check_penalties(Penalties) -> None:
 
     from transformers import RepetitionPenaltyLogitsProcessor
 
-    from nanoserve.engine.features import Rows
+    from nanoserve.features.processors import Rows
     from nanoserve.engine.sampling_params import SamplingParams
 
     rng = random.Random(25)

@@ -7,10 +7,10 @@ import torch
 from nanoserve.cache.metadata import StepMetadata, StepMetadataBuilder
 from nanoserve.cache.protocol import KVCache
 from nanoserve.course.contiguous import ContiguousKVCache
-from nanoserve.engine.features import BatchProcessors
 from nanoserve.engine.request import Request
 from nanoserve.engine.sampler import Sampler
 from nanoserve.engine.sampling_params import SamplingParams
+from nanoserve.features.processors import BatchProcessors
 from nanoserve.model.qwen3 import Qwen3ForCausalLM
 
 

@@ -3,16 +3,9 @@
 
 """Everything a request can ask for beyond a plain draw (temperature, top-k, top-p, seed, stop, n) is a feature
 beside the core: its code is in nanoserve/features/, imported when a request first asks for it, and a step in
-which nobody asks runs none of it. FEATURES says which fields of SamplingParams ask for which feature.
-
-Most features edit the logits before the draw: logits processors. Each keeps its state per batch row ("slot")
-in device tensors, written when a sequence joins and updated on the device after each draw (the penalties
-count the drawn tokens there): a step sends the processors only its rows' slots, in one copy."""
+which nobody asks runs none of it. FEATURES says which fields of SamplingParams ask for which feature: this
+table is all of the features that a plain request meets."""
 import importlib
-from dataclasses import dataclass
-from typing import Callable
-
-import torch
 
 # name -> (its class, as "module:name"; does a request with these SamplingParams ask for it?). The logits
 # processors edit the logits in this order (bans commute with every edit but min_p, which comes last).
@@ -44,140 +37,10 @@ def load(name: str, attr: str | None = None):
     return getattr(importlib.import_module(module), attr or cls)
 
 
-@dataclass
-class Rows:
-    """The rows of one step that use one logits processor."""
-    index: torch.Tensor  # [R] their rows of the step's logits, on the device
-    slots: torch.Tensor  # [R] their slots (rows of the processor's state), on the device
-    slot_ids: list[int]  # the same slots, on the host
-    seqs: list
-    steps: list[int]  # the tokens each has drawn before this step's
-    last_inputs: Callable  # () -> [B] each row of the step's last input token, on the device
-
-
-class LogitsProcessor:
-    """A feature that edits logits. One instance per engine, made when a request first asks for it.
-
-    - add(slot, seq): seq joins the batch at row `slot` of the processor's device state (after a preemption
-      it may join again, at another slot);
-    - apply(logits, rows): edit, in place, the float32 logits of these rows (a Rows);
-    - drawn(rows, tokens): the tokens just drawn (the whole step's, [B] on the device).
-    A processor that reads a sequence's last drawn token on the host (a grammar) has the sequence say so
-    (waits_for_last_token): with async scheduling its step's draw then waits until that token is processed
-    (the step's forward does not)."""
-
-    def __init__(self, max_rows: int, vocab_size: int, device: torch.device):
-        self.max_rows, self.vocab_size, self.device = max_rows, vocab_size, device
-
-    @classmethod
-    def wanted(cls, params) -> bool:
-        """A custom processor's choice of requests (the built-ins are chosen by FEATURES)."""
-        return bool(getattr(params, "extra_args", None) and cls.__name__ in params.extra_args)
-
-    def add(self, slot: int, seq) -> None:
-        pass
-
-    def apply(self, logits: torch.Tensor, rows: Rows) -> None:
-        raise NotImplementedError
-
-    def drawn(self, rows: Rows, tokens: torch.Tensor) -> None:
-        pass
-
-
-def to_device(values, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """A host list or tensor on the device without a wait: a GPU copies it from pinned memory in its own queue."""
-    tensor = torch.as_tensor(values, dtype=dtype)
-    return tensor.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else tensor
-
-
-class BatchProcessors:
-    """The logits processors of one engine, and the slots of the sequences that use them."""
-
-    def __init__(self, max_rows: int, vocab_size: int, device, custom=()):
-        self.max_rows, self.vocab_size, self.device = max_rows, vocab_size, torch.device(device)
-        self.custom = {cls.__name__: cls for cls in custom}
-        self.names = [n for n in FEATURES if n not in NOT_PROCESSORS] + list(self.custom)
-        self.made: dict[str, LogitsProcessor] = {}
-        self.slot_of: dict[int, int] = {}  # seq_id -> its slot
-        self.holders: dict[int, object] = {}  # slot -> its sequence
-        self.free = list(range(max_rows))[::-1]
-        self.last: list = []  # (processor, rows) of the last apply: drawn() tells them the tokens
-        self.layout_of: tuple = ((), (), [])  # the last step's sequences, their ids, and its layout
-
-    def processor(self, name: str) -> LogitsProcessor:
-        if name not in self.made:
-            cls = self.custom[name] if name in self.custom else load(name)
-            self.made[name] = cls(self.max_rows, self.vocab_size, self.device)
-        return self.made[name]
-
-    def slot(self, seq) -> int:
-        """seq's slot: a new one (its state written by each of its processors) if it has none."""
-        slot = self.slot_of.get(seq.seq_id)
-        if slot is None:
-            slot = self.slot_of[seq.seq_id] = self.free.pop()
-            self.holders[slot] = seq
-            for name in seq.features:
-                if name in self.names:
-                    self.processor(name).add(slot, seq)
-        return slot
-
-    def release_stopped(self) -> None:
-        """Free the slots of sequences that stopped running (finished, or preempted: they join again anew)."""
-        for old, holder in list(self.holders.items()):
-            status = getattr(holder, "status", None)  # (lesson 02's requests have none)
-            if holder.finish_reason is not None or (status is not None and status.name != "RUNNING"):
-                del self.holders[old], self.slot_of[holder.seq_id]
-                self.free.append(old)
-
-    def apply(self, logits: torch.Tensor, seqs: list, steps: list[int], last_inputs=None,
-              in_place: bool = False) -> torch.Tensor:
-        """The step's logits [B, V] with every processor's edits, float32. Rows that ask for nothing keep their
-        values. The input is left as it is (its log-probs are what logprobs report, as in vLLM), unless in_place:
-        then float32 logits that nobody reads after the draw are edited themselves (a copy of 256 rows of
-        151,936 logits is 155 MB a step). last_inputs(): [B] on the device, each row's last input token (a
-        drawn token the host has not seen yet, with async scheduling)."""
-        self.last = []
-        layout = self.layout(seqs)
-        if not layout:
-            return logits
-        out = logits.float().clone() if logits.dtype == torch.float32 and not in_place else logits.float()
-        for processor, rows, index, slots, slot_ids, row_seqs in layout:
-            part = Rows(index, slots, slot_ids, row_seqs, [steps[i] for i in rows], last_inputs)
-            processor.apply(out, part)
-            self.last.append((processor, part))
-        return out
-
-    def layout(self, seqs: list) -> list:
-        """Per processor that rows of the step use: (it, its rows, their rows and slots on the device, the slots
-        on the host, the sequences). While decoding, step after step has the same sequences in the same rows:
-        then the last step's layout serves again, with no pass over the rows in Python and no copy."""
-        key = tuple(map(id, seqs))  # (the layout keeps the sequences: no new object can take an id of these)
-        if key == self.layout_of[1]:
-            return self.layout_of[2]
-        users: dict[str, list[int]] = {}
-        for i, seq in enumerate(seqs):
-            for name in seq.features:
-                users.setdefault(name, []).append(i)
-        users = {name: users[name] for name in self.names if name in users}
-        if any(seqs[i].seq_id not in self.slot_of for rows in users.values() for i in rows):
-            self.release_stopped()  # once, before the new sequences take slots (not once for each)
-        slot_of = {i: self.slot(seqs[i]) for rows in users.values() for i in rows}
-        # One copy for every processor: its rows, then their slots, each padded to an even length, so that
-        # every slice starts on 16 bytes. Triton compiles a kernel for the alignment of its pointers: an odd
-        # offset would compile each processor's kernel again, mid-run, the first time an odd number of rows
-        # used it (a stall of every request in the batch).
-        even = lambda part: part + [0] * (len(part) % 2)
-        flat = [x for rows in users.values() for part in (rows, [slot_of[i] for i in rows]) for x in even(part)]
-        index, at, layout = to_device(flat, torch.long, self.device), 0, []
-        for name, rows in users.items():
-            n, width = len(rows), len(rows) + len(rows) % 2
-            layout.append((self.processor(name), rows, index[at:at + n], index[at + width:at + width + n],
-                           [slot_of[i] for i in rows], [seqs[i] for i in rows]))
-            at += 2 * width
-        self.layout_of = (list(seqs), key, layout)
-        return layout
-
-    def drawn(self, tokens: torch.Tensor) -> None:
-        for processor, rows in self.last:
-            processor.drawn(rows, tokens)
-        self.last = []
+def __getattr__(name: str):
+    """The logits processors' interface (LogitsProcessor, BatchProcessors, Rows, to_device) lives in
+    features/processors.py, itself a feature: asked of this module, these names import it then (the model runner
+    asks at the first step in which a request asks for a feature). A plain request never imports it."""
+    if name in ("LogitsProcessor", "BatchProcessors", "Rows", "to_device"):
+        return getattr(importlib.import_module("nanoserve.features.processors"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -10,7 +10,7 @@ import torch
 
 from nanoserve.cache.metadata import StepMetadata, StepMetadataBuilder
 from nanoserve.cache.paged import PagedKVCache
-from nanoserve.engine.features import BatchProcessors, load
+from nanoserve.engine.features import load
 from nanoserve.engine.sampler import Sampler
 from nanoserve.engine.scheduler import ScheduledBatch
 
@@ -59,8 +59,9 @@ class ModelRunner:
                                            device)
         self.graphs = graphs  # lesson 06: CUDAGraphs, which replay decode steps (None: every step eager)
         self.workers = workers  # lesson 07: TPWorkers, the other ranks, which run every forward with us
-        # What requests ask of the logits (features beside the core): nothing of it runs until one asks
-        self.processors = BatchProcessors(max_num_seqs, model.config.vocab_size, device, logits_processors)
+        # What requests ask of the logits (features beside the core): nothing of it is built, or imported, until a
+        # step has a request that asks (make_processors)
+        self.processors, self.custom_processors = None, tuple(logits_processors)
         pinned = device.type == "cuda"
         self.host_tokens = [torch.zeros(max_num_seqs, dtype=torch.int64, pin_memory=pinned) for _ in range(2)]
         self.current = 0
@@ -102,6 +103,8 @@ class ModelRunner:
         sampled, logits, steps = launched.sampled, launched.logits, launched.steps
         # log-probs are the model's (as vLLM's): the processors edit a copy if a row asks for them
         wants_logprobs = "logprobs" in launched.features
+        if launched.features and self.processors is None:
+            self.processors = self.make_processors()
         edited = self.processors.apply(logits, sampled, steps, launched.last_inputs, in_place=not wants_logprobs) \
             if launched.features else logits
         tokens = self.sampler(edited, [s.params for s in sampled], [s.seed for s in sampled], steps)
@@ -115,6 +118,12 @@ class ModelRunner:
         host.copy_(tokens, non_blocking=True)
         launched.tokens, launched.host, launched.done = tokens, host, record_event(tokens)
         launched.logits = launched.last_inputs = None
+
+    def make_processors(self):
+        """The logits processors of this engine (features/processors.py): when a step first needs them."""
+        from nanoserve.engine.features import BatchProcessors  # (imported now: features/processors.py)
+        device = self.cache.k_cache.device
+        return BatchProcessors(self.builder.max_num_seqs, self.model.config.vocab_size, device, self.custom_processors)
 
     def forward(self, meta: StepMetadata, size: int | None, copies=(), previous: LaunchedStep | None = None,
                 scorer=None) -> torch.Tensor:

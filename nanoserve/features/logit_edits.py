@@ -9,7 +9,7 @@ import math
 
 import torch
 
-from nanoserve.engine.features import LogitsProcessor, to_device
+from nanoserve.features.processors import LogitsProcessor, to_device
 
 
 

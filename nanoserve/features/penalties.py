@@ -9,7 +9,7 @@ edits the logits of those tokens alone ([rows, history] values, not [rows, vocab
 token per row, on the device: no step reads an output, however long, back from the host."""
 import torch
 
-from nanoserve.engine.features import LogitsProcessor, to_device
+from nanoserve.features.processors import LogitsProcessor, to_device
 
 
 class Penalties(LogitsProcessor):

@@ -16,8 +16,8 @@ import llguidance.gbnf_to_lark
 import numpy as np
 import torch
 
-from nanoserve.engine.features import LogitsProcessor
 from nanoserve.engine.sampling_params import StructuredOutputsParams
+from nanoserve.features.processors import LogitsProcessor
 
 
 _LL_TOKENIZERS: dict = {}  # (id(tokenizer), slices) -> (tokenizer, its llguidance twin): see ll_tokenizer

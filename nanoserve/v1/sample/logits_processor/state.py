@@ -1,6 +1,6 @@
 """The engine's side: a vLLM-style processor run as one of nanoserve's logits processors.
 
-nanoserve's processors (engine/features.py) are told of a sequence when it first uses one and edit only the
+nanoserve's processors (features/processors.py) are told of a sequence when it first uses one and edit only the
 rows of the sequences that asked; vLLM's see the whole persistent batch, each running request at a row index it
 keeps until it leaves. VllmAdapter keeps such a batch for its processor: before each draw it finds who joined
 (added at the lowest free index, else at the end) and who left (finished, preempted or aborted: removed, and the
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from nanoserve.config import DeviceConfig, ModelConfig, SchedulerConfig, VllmConfig
-from nanoserve.engine.features import LogitsProcessor as NanoserveProcessor, Rows, to_device
+from nanoserve.features.processors import LogitsProcessor as NanoserveProcessor, Rows, to_device
 from nanoserve.v1.sample.logits_processor.interface import BatchUpdate, MoveDirectionality
 
 METHODS = ("update_state", "apply", "is_argmax_invariant")  # what makes a class a vLLM-style processor
