@@ -166,9 +166,10 @@ class EngineArgs:
     trust_remote_code: bool = False  # vLLM's; nanoserve never runs a checkpoint's own code, so only False
     disable_log_stats: bool = True  # vLLM's (True for an LLM); False: the LLM keeps get_metrics()'s
     profiler_config: dict | None = None  # vLLM's, for LLM.start_profile: a nanoserve.config.ProfilerConfig
-    # vLLM's logits_processors: LogitsProcessor classes of your own (features/processors.py), for the requests
-    # each wants (its wanted(params); by default those whose SamplingParams.extra_args name the class), or
-    # classes written for vLLM (batch-level: update_state, apply), or "module:Class" paths to either
+    # vLLM's logits_processors: LogitsProcessor classes of your own (features/processors.py),
+    # for the requests each wants (its wanted(params); by default those whose
+    # SamplingParams.extra_args name the class), or classes written for vLLM (batch-level:
+    # update_state, apply), or "module:Class" paths
     logits_processors: tuple = ()
     parts: EngineParts = field(default_factory=EngineParts)
 
@@ -181,9 +182,9 @@ class EngineArgs:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < lowest:
                 raise ValueError(f"{name} must be an integer >= {lowest}, got {value!r}")
-        if self.logits_processors:  # (the processors' interface is a feature: imported only for them)
-            from nanoserve.engine.features import LogitsProcessor  # (imported now: features/processors.py)
-            # anything but nanoserve's own classes goes through the adapter for vLLM's, imported only then
+        if self.logits_processors:  # (the processors' interface is a feature: imported for them)
+            from nanoserve.engine.features import LogitsProcessor  # (features/processors.py)
+            # anything but nanoserve's own classes goes through the adapter for vLLM's
             self.logits_processors = tuple(
                 c if isinstance(c, type) and issubclass(c, LogitsProcessor)
                 else import_part("nanoserve.v1.sample.logits_processor.state:adapt")(c, self)

@@ -100,7 +100,7 @@ class LLMEngine:
         seqs = [Sequence(self.next_id + i, prompt_ids, params, completion_seed(seed, i), self.eos, self.tokenizer, i)
                 for i in range(params.n)]  # Sequence checks the prompt
         self.next_id += params.n
-        custom = frozenset(cls.__name__ for cls in self.runner.custom_processors if cls.wanted(params))
+        custom = frozenset(c.__name__ for c in self.runner.custom_processors if c.wanted(params))
         for seq in seqs if custom else ():  # the LLM's own logits processors this request wants
             seq.features |= custom
         seqs[0].forks = seqs[1:]  # the others start from its computed prompt (Scheduler.start_forks)

@@ -59,8 +59,8 @@ class ModelRunner:
                                            device)
         self.graphs = graphs  # lesson 06: CUDAGraphs, which replay decode steps (None: every step eager)
         self.workers = workers  # lesson 07: TPWorkers, the other ranks, which run every forward with us
-        # What requests ask of the logits (features beside the core): nothing of it is built, or imported, until a
-        # step has a request that asks (make_processors)
+        # What requests ask of the logits (features beside the core): nothing of it is built, or
+        # imported, until a step has a request that asks (make_processors)
         self.processors, self.custom_processors = None, tuple(logits_processors)
         pinned = device.type == "cuda"
         self.host_tokens = [torch.zeros(max_num_seqs, dtype=torch.int64, pin_memory=pinned) for _ in range(2)]
@@ -110,7 +110,7 @@ class ModelRunner:
         tokens = self.sampler(edited, [s.params for s in sampled], [s.seed for s in sampled], steps)
         if launched.features:
             self.processors.drawn(tokens)
-        if wants_logprobs:  # per row: its top-k, or its given token ids (a prefilling sequence may have asked)
+        if wants_logprobs:  # per row: its top-k or its token ids (a prefilling row may have asked)
             ks = [s.params.logprob_token_ids or s.params.logprobs for s in sampled]
             if any(k is not None for k in ks):
                 launched.logprobs = load("logprobs")(logits, tokens, ks)
@@ -120,10 +120,10 @@ class ModelRunner:
         launched.logits = launched.last_inputs = None
 
     def make_processors(self):
-        """The logits processors of this engine (features/processors.py): when a step first needs them."""
-        from nanoserve.engine.features import BatchProcessors  # (imported now: features/processors.py)
-        device = self.cache.k_cache.device
-        return BatchProcessors(self.builder.max_num_seqs, self.model.config.vocab_size, device, self.custom_processors)
+        """The engine's logits processors (features/processors.py), when a step first needs them."""
+        from nanoserve.engine.features import BatchProcessors  # (imports features/processors.py)
+        return BatchProcessors(self.builder.max_num_seqs, self.model.config.vocab_size,
+                               self.cache.k_cache.device, self.custom_processors)
 
     def forward(self, meta: StepMetadata, size: int | None, copies=(), previous: LaunchedStep | None = None,
                 scorer=None) -> torch.Tensor:
