@@ -67,8 +67,7 @@ class Request:
         self.detok = self._detokenizer() if params.stop else None
         ready = prepare(params, tokenizer)
         self.bad_words, self.allowed = ready.bad_words, ready.allowed
-        # It follows the grammar with a copy of one of the compiled matchers (mask_group: which one)
-        self.matcher, self.mask_group = ready.grammar.matcher() if ready.grammar is not None else (None, 0)
+        self.matcher = ready.grammar.matcher() if ready.grammar is not None else None  # follows the grammar
         # Its next draw depends on its last token (a grammar's state, or a bad word of several tokens): with
         # lesson 05's async scheduling, its step's forward runs ahead of that token, and the draw waits for it.
         self.waits_for_last_token = self.matcher is not None or (self.bad_words is not None
