@@ -11,14 +11,15 @@ PUBLIC = {"LLM": "nanoserve.engine.llm", "EngineArgs": "nanoserve.engine.engine_
           "EngineParts": "nanoserve.engine.engine_args",
           "SamplingParams": "nanoserve.engine.sampling_params",
           "StructuredOutputsParams": "nanoserve.engine.sampling_params",
-          # vLLM's request-level engine, over LLM (lesson 05's token-level LLMEngine is nanoserve.engine.llm_engine's)
+          # vLLM's request-level engine, over LLM (lesson 05's token-level LLMEngine is
+          # nanoserve.engine.llm_engine's)
           "LLMEngine": "nanoserve.v1.engine.llm_engine", "RequestOutput": "nanoserve.engine.llm",
           "CompletionOutput": "nanoserve.engine.llm"}
 
 
 def __getattr__(name):
-    """`from nanoserve import LLM, SamplingParams, EngineArgs` (vLLM's names) without importing the engine until
-    it is used."""
+    """`from nanoserve import LLM, SamplingParams, EngineArgs` (vLLM's names) without importing the
+    engine until it is used."""
     if name in PUBLIC:
         import importlib
 

@@ -26,6 +26,14 @@ def test_a_plain_step_runs_no_feature_code(plain):
     assert {"ModelRunner.launch", "ModelRunner.draw", "Sampler.__call__"} <= ran  # the trace saw the step
 
 
+def test_no_core_line_is_over_100_characters(plain):
+    """The core as tools/size.py counts it (what a plain request imports, and the GPU's path) fits in 100
+    characters a line: a learner reads it on a laptop without scrolling sideways."""
+    over = [f"{path.relative_to(size.ROOT)}:{n}" for path in size.core_files(plain)
+            for n, line in enumerate(path.read_text().splitlines(), 1) if len(line) > 100]
+    assert len(size.core_files(plain)) > 20 and not over, over[:10]
+
+
 def test_a_request_that_asks_runs_its_feature():
     """The control: the same trace finds a feature's code when a request asks for it."""
     asked = size.trace_plain_request(presence_penalty=0.5, logprobs=2)

@@ -218,8 +218,8 @@ MISTAKES = {
     "6.4 graphs captured with no warm-up run": (
         "06_cuda_graphs", "            forward()  # compiles kernels, settles the allocator\n", ""),
     "7.3 K/V slices counted from the rank's own K/V heads": (
-        "07_tensor_parallel", "first_kv_head(config, group) * D  # its query heads",
-        "group.rank * local.num_kv_heads * D  # its query heads"),
+        "07_tensor_parallel", "local.num_heads * D, first_kv_head(config, group) * D\n",
+        "local.num_heads * D, group.rank * local.num_kv_heads * D\n"),
     "8.1 the loop reports no metrics": (
         "08_serving", "                self._apply_aborts()\n                self._report()\n",
         "                self._apply_aborts()\n"),

@@ -26,6 +26,7 @@ import hashlib
 import json
 import re
 import sys
+import textwrap
 from pathlib import Path
 
 PKG = "nanoserve"
@@ -263,9 +264,19 @@ def _add_sibling_imports(modules, src):
         if not needed:
             out[name] = chunks
             continue
-        lines = [f"from {PKG}.{other} import {', '.join(names)}" for other, names in sorted(needed.items())]
+        lines = [import_line(f"{PKG}.{other}", names) for other, names in sorted(needed.items())]
         out[name] = [_insert_after_imports(chunks[0], lines)] + chunks[1:]
     return out
+
+
+def import_line(module, names):
+    """`from module import names`, folded within 100 characters (in parentheses) where it is longer."""
+    line = f"from {module} import {', '.join(names)}"
+    if len(line) <= 100:
+        return line
+    head = f"from {module} import ("
+    return "\n".join(textwrap.wrap(", ".join(names) + ")", 100, initial_indent=head,
+                                    subsequent_indent=" " * len(head), break_on_hyphens=False))
 
 
 def _insert_after_imports(chunk, lines):

@@ -53,10 +53,15 @@ def lines(paths) -> int:
     return sum(len(Path(p).read_text().splitlines()) for p in paths)
 
 
+def core_files(traced: dict) -> list[Path]:
+    """The core: the files a plain request imported (traced), the Triton kernels left out, and the GPU's path."""
+    imported = {Path(p).resolve() for p in traced["imported"]}
+    return sorted({p for p in imported if p.name not in KERNELS} | {ROOT / p for p in GPU_PATH})
+
+
 def measure() -> dict:
     traced = trace_plain_request()
-    imported = {Path(p).resolve() for p in traced["imported"]}
-    core = sorted({p for p in imported if p.name not in KERNELS} | {ROOT / p for p in GPU_PATH})
+    core = core_files(traced)
     features = sorted((ROOT / "features").glob("*.py"))
     kernels = sorted(ROOT / "kernels" / k for k in KERNELS)
     step_files = sorted({Path(f).resolve() for f, _ in traced["ran"]})

@@ -10,14 +10,17 @@ class OutOfBlocks(RuntimeError):
 
 
 class BlockPool:
-    """Blocks handed out to sequences and taken back: the free list, block tables, reference counts."""
+    """Blocks handed out to sequences and taken back: the free list, block tables, reference
+    counts."""
 
     def __init__(self, num_blocks: int, block_size: int = 16):
         if num_blocks < 1 or block_size < 1:
-            raise ValueError(f"need num_blocks >= 1 and block_size >= 1, got {num_blocks} and {block_size}")
+            raise ValueError(f"need num_blocks >= 1 and block_size >= 1, got {num_blocks} and "
+                             f"{block_size}")
         self.num_blocks, self.block_size = num_blocks, block_size
         self.free_blocks = deque(range(num_blocks))
-        self.ref_count = [0] * num_blocks  # how many block tables hold each block (n > 1 completions share)
+        # how many block tables hold each block (n > 1 completions share)
+        self.ref_count = [0] * num_blocks
         self.block_tables: dict = {}  # seq_id -> its physical block ids, in logical order
         self.num_tokens: dict = {}  # seq_id -> how many of its tokens have a slot
 
@@ -35,7 +38,8 @@ class BlockPool:
         """Give a new sequence blocks for its first num_tokens tokens; returns its block table."""
         needed = self._check_new(seq_id, num_tokens)
         if needed > self.num_free:
-            raise OutOfBlocks(f"sequence {seq_id!r} needs {needed} blocks, {self.num_free} are free")
+            raise OutOfBlocks(f"sequence {seq_id!r} needs {needed} blocks, "
+                              f"{self.num_free} are free")
         self.block_tables[seq_id] = [self._take_block() for _ in range(needed)]
         self.num_tokens[seq_id] = num_tokens
         return self.block_tables[seq_id]
@@ -48,21 +52,24 @@ class BlockPool:
             raise ValueError(f"a sequence needs at least 1 token, got {num_tokens}")
         needed = self.blocks_for(num_tokens)
         if needed > self.num_blocks:
-            raise ValueError(f"sequence {seq_id!r} needs {needed} blocks for {num_tokens} tokens but the whole "
-                             f"pool has {self.num_blocks}: it can never fit")
+            raise ValueError(f"sequence {seq_id!r} needs {needed} blocks for {num_tokens} tokens "
+                             f"but the whole pool has {self.num_blocks}: it can never fit")
         return needed
 
     def can_append(self, seq_id, n: int = 1) -> bool:
-        return self.blocks_for(self.num_tokens[seq_id] + n) - len(self.block_tables[seq_id]) <= self.num_free
+        return self.blocks_for(self.num_tokens[seq_id]
+                               + n) - len(self.block_tables[seq_id]) <= self.num_free
 
     def append(self, seq_id, n: int = 1) -> list[int]:
-        """Record n more tokens of a sequence, taking new blocks as needed; returns the new blocks."""
+        """Record n more tokens of a sequence, taking new blocks as needed; returns the new
+        blocks."""
         if seq_id not in self.block_tables:
             raise KeyError(f"sequence {seq_id!r} has no blocks: allocate it first")
         table = self.block_tables[seq_id]
         needed = self.blocks_for(self.num_tokens[seq_id] + n) - len(table)
         if needed > self.num_free:
-            raise OutOfBlocks(f"sequence {seq_id!r} needs {needed} more blocks, {self.num_free} are free")
+            raise OutOfBlocks(f"sequence {seq_id!r} needs {needed} more blocks, {self.num_free} "
+                              "are free")
         new = [self._take_block() for _ in range(needed)]
         table.extend(new)
         self.num_tokens[seq_id] += n
@@ -76,32 +83,35 @@ class BlockPool:
         del self.num_tokens[seq_id]
 
     def _take_block(self) -> int:
-        """A block for new content: the oldest free one (lesson 04 may evict a cached block instead)."""
+        """A block for new content: the oldest free one (lesson 04 may evict a cached block
+        instead)."""
         block = self.free_blocks.popleft()
         self.ref_count[block] = 1
         return block
 
     def _return_blocks(self, blocks: list[int]) -> None:
-        """A sequence let go of these blocks; one nobody holds any more is free again (lesson 04 keeps its content)."""
+        """A sequence let go of these blocks; one nobody holds any more is free again (lesson 04
+        keeps its content)."""
         for block in blocks:
             self.ref_count[block] -= 1
             if self.ref_count[block] == 0:
                 self.free_blocks.append(block)
 
     def commit(self, seq_id, token_ids: list[int], num_computed: int) -> None:
-        """A step finished with the first num_computed tokens' K/V written. Nothing to do here; lesson 04's
-        manager makes their full blocks findable by content at this moment, not before."""
+        """A step finished with the first num_computed tokens' K/V written. Nothing to do here;
+        lesson 04's manager makes their full blocks findable by content at this moment, not
+        before."""
 
 
 class BlockManager(BlockPool):
-    """The pool, plus what the attention backend asks of it: where each token lives (its slot), room for
-    a prompt, forks of a sequence, and the end of a step (lesson 04 uses that one)."""
+    """The pool, plus what the attention backend asks of it: where each token lives (its slot), room
+    for a prompt, forks of a sequence, and the end of a step (lesson 04 uses that one)."""
 
     def fork(self, parent, child, num_tokens: int) -> tuple[int, int] | None:
-        """Give `child` the parent's first num_tokens tokens without copying them (several completions of
-        one prompt): full blocks are shared by reference count; a partly filled last block can't be (both
-        would write into it), so the child gets a new block, and the caller copies the K/V: returns
-        (from_block, to_block), or None when there is nothing to copy."""
+        """Give `child` the parent's first num_tokens tokens without copying them (several
+        completions of one prompt): full blocks are shared by reference count; a partly filled last
+        block can't be (both would write into it), so the child gets a new block, and the caller
+        copies the K/V: returns (from_block, to_block), or None when there is nothing to copy."""
         full, partial = divmod(num_tokens, self.block_size)
         if partial and not self.num_free:
             raise OutOfBlocks(f"forking {parent!r} needs 1 block, none is free")
@@ -116,13 +126,14 @@ class BlockManager(BlockPool):
         return copy
 
     def allocate_prompt(self, seq_id, prompt_ids: list[int], reuse: bool = True) -> int:
-        """Blocks for a new sequence's whole prompt; returns how many of its tokens are already cached:
-        none here (lesson 04's manager shares cached blocks, unless reuse=False)."""
+        """Blocks for a new sequence's whole prompt; returns how many of its tokens are already
+        cached: none here (lesson 04's manager shares cached blocks, unless reuse=False)."""
         self.allocate(seq_id, len(prompt_ids))
         return 0
 
     def slot(self, seq_id, position: int) -> int:
-        """Where token `position` of a sequence lives in the pool: block id * block_size + offset."""
+        """Where token `position` of a sequence lives in the pool: block id * block_size +
+        offset."""
         if not 0 <= position < self.num_tokens.get(seq_id, 0):
             raise IndexError(f"sequence {seq_id!r} has no token at position {position}")
         table = self.block_tables[seq_id]

@@ -26,28 +26,33 @@ def prefix_hashes(token_ids: list[int], block_size: int) -> list[int]:
 
 @dataclass
 class BlockRecord:
-    """What the prefix-caching manager knows about one physical block, besides its reference count."""
-    hash: int | None = None  # set once the block is full and a finished step wrote its K/V: findable from then on
+    """What the prefix-caching manager knows about one physical block, besides its reference
+    count."""
+    # set once the block is full and a finished step wrote its K/V: findable from then on
+    hash: int | None = None
     parent: int | None = None  # what that hash stands for: the previous block's hash ...
     tokens: tuple = ()  # ... and this block's tokens, compared on every hit (a hash can collide)
 
 
 class PrefixCachingBlockManager(BlockManager):
     """Lesson 03's manager, plus: full blocks named by content, shared by reference count, and kept
-    after their sequences finish (evictable, least recently used first) until their space is needed."""
+    after their sequences finish (evictable, least recently used first) until their space is
+    needed."""
 
     def __init__(self, num_blocks: int, block_size: int = 16):
         super().__init__(num_blocks, block_size)
         self.records = [BlockRecord() for _ in range(num_blocks)]
         self.cached: dict[int, int] = {}  # hash -> the block found for that content
-        self.evictable: OrderedDict[int, None] = OrderedDict()  # unused blocks still cached, LRU first
+        # unused blocks still cached, LRU first
+        self.evictable: OrderedDict[int, None] = OrderedDict()
 
     @property
     def num_free(self) -> int:
         return len(self.free_blocks) + len(self.evictable)
 
     def _take_block(self) -> int:
-        """A block for new content: a never-used one, else evict the least recently used cached one."""
+        """A block for new content: a never-used one, else evict the least recently used cached
+        one."""
         if self.free_blocks:
             block = self.free_blocks.popleft()
         else:
@@ -61,7 +66,8 @@ class PrefixCachingBlockManager(BlockManager):
     def _return_blocks(self, blocks: list[int]) -> None:
         """A sequence let go of these blocks: each loses a reference; an unused one stays findable
         (evictable) if it is named, else it is simply free."""
-        for block in reversed(blocks):  # deepest first: it is evicted first, so cached chains stay whole
+        # deepest first: it is evicted first, so cached chains stay whole
+        for block in reversed(blocks):
             self.ref_count[block] -= 1
             if self.ref_count[block] == 0:
                 if self.records[block].hash is not None:
@@ -70,26 +76,30 @@ class PrefixCachingBlockManager(BlockManager):
                     self.free_blocks.append(block)
 
     def cached_prefix(self, token_ids: list[int]) -> list[int]:
-        """The named blocks that hold token_ids' longest cached prefix, never covering its last token
-        (the model must compute that one: its logits give the next token)."""
+        """The named blocks that hold token_ids' longest cached prefix, never covering its last
+        token (the model must compute that one: its logits give the next token)."""
         hits, parent, size = [], None, self.block_size
         for i, h in enumerate(prefix_hashes(token_ids[:-1], size)):
             block = self.cached.get(h)
-            if block is None or (self.records[block].parent, self.records[block].tokens) != (parent, tuple(token_ids[i * size:(i + 1) * size])):
+            if block is None \
+                or (self.records[block].parent, self.records[block].tokens) != (parent,
+                        tuple(token_ids[i * size:(i + 1) * size])):
                 break  # a miss, or a hash collision
             hits.append(block)
             parent = h
         return hits
 
     def allocate_prompt(self, seq_id, prompt_ids: list[int], reuse: bool = True) -> int:
-        """Blocks for a new sequence's prompt, sharing cached ones (reuse=False: none, for a request that
-        scores every prompt token); returns the number of cached tokens."""
+        """Blocks for a new sequence's prompt, sharing cached ones (reuse=False: none, for a request
+        that scores every prompt token); returns the number of cached tokens."""
         self._check_new(seq_id, len(prompt_ids))
         hits = self.cached_prefix(prompt_ids) if reuse else []
         needed = self.blocks_for(len(prompt_ids)) - len(hits)
-        reusable = sum(1 for b in hits if b in self.evictable)  # counted as free, but we are keeping them
+        # counted as free, but we are keeping them
+        reusable = sum(1 for b in hits if b in self.evictable)
         if needed > self.num_free - reusable:
-            raise OutOfBlocks(f"sequence {seq_id!r} needs {needed} new blocks, {self.num_free - reusable} are free")
+            raise OutOfBlocks(f"sequence {seq_id!r} needs {needed} new blocks, "
+                              f"{self.num_free - reusable} are free")
         for block in hits:  # share: one more table holds each
             self.evictable.pop(block, None)
             self.ref_count[block] += 1
@@ -99,27 +109,32 @@ class PrefixCachingBlockManager(BlockManager):
         return cached
 
     def commit(self, seq_id, token_ids: list[int], num_computed: int) -> None:
-        """A step finished with the K/V of the sequence's first num_computed tokens written: name its full
-        blocks among them (hash, parent, tokens), so later sequences find them. The one place blocks are named."""
+        """A step finished with the K/V of the sequence's first num_computed tokens written: name
+        its full blocks among them (hash, parent, tokens), so later sequences find them. The one
+        place blocks are named."""
         table, size, records = self.block_tables[seq_id], self.block_size, self.records
         full = min(num_computed // size, len(table))
         first = full
-        while first > 0 and records[table[first - 1]].hash is None:  # back to the last block already named
+        # back to the last block already named
+        while first > 0 and records[table[first - 1]].hash is None:
             first -= 1
         parent = records[table[first - 1]].hash if first else None
         for i in range(first, full):
             tokens = tuple(token_ids[i * size:(i + 1) * size])
             h = block_hash(parent, tokens)
-            records[table[i]].hash, records[table[i]].parent, records[table[i]].tokens = h, parent, tokens
+            record = records[table[i]]
+            record.hash, record.parent, record.tokens = h, parent, tokens
             self.cached.setdefault(h, table[i])  # an equal block named earlier stays the one found
             parent = h
 
     def reset(self) -> bool:
-        """Forget every cached block (vLLM's LLM.reset_prefix_cache: after the weights change, say), unless a
-        sequence still holds blocks, whose names the next steps rely on: then nothing changes and it says False."""
+        """Forget every cached block (vLLM's LLM.reset_prefix_cache: after the weights change, say),
+        unless a sequence still holds blocks, whose names the next steps rely on: then nothing
+        changes and it says False."""
         if any(self.ref_count):
             return False
-        self.cached.clear()  # first: nothing finds them now, and until moved they are still evictable (Ctrl-C)
+        # first: nothing finds them now, and until moved they are still evictable (Ctrl-C)
+        self.cached.clear()
         while self.evictable:
             block, _ = self.evictable.popitem(last=False)
             self.records[block] = BlockRecord()
@@ -128,6 +143,7 @@ class PrefixCachingBlockManager(BlockManager):
 
 
 class PrefixCachingKVCache(PagedKVCache):
-    """Lesson 03's paged cache with the prefix-caching manager: `reserve` now reports cached tokens."""
+    """Lesson 03's paged cache with the prefix-caching manager: `reserve` now reports cached
+    tokens."""
 
     block_manager_cls = PrefixCachingBlockManager

@@ -8,8 +8,8 @@ A graph replays the exact kernels, pointers and launch sizes it recorded, so
 - its inputs are the step-metadata builder's device buffers, which never move (lesson 02): each step
   writes new values into them and replays;
 - a batch of n sequences runs the graph of the smallest recorded size >= n; rows n.. are padding:
-  token 0 at position 0, slot -1 (its K/V written nowhere), context length 0 (the decode kernel returns
-  zeros for it), and their logits are never looked at;
+  token 0 at position 0, slot -1 (its K/V written nowhere), context length 0 (the decode kernel
+  returns zeros for it), and their logits are never looked at;
 - the attention kernel's number of splits was fixed when recorded, so it is recorded for the longest
   context (max_model_len); each sequence cuts its own context into that many splits (lesson 03).
 Prefill and mixed steps (few, in a run of mostly decode steps) stay eager.
@@ -36,23 +36,25 @@ def padded_size(n: int, sizes: list[int]) -> int | None:
 
 
 class CUDAGraphs:
-    """Lesson 05's ModelRunner holds one of these (`runner.graphs`): decode steps replayed from graphs
-    recorded once per batch size. The runner asks `size_for` once per step, and replays or runs eagerly."""
+    """Lesson 05's ModelRunner holds one of these (`runner.graphs`): decode steps replayed from
+    graphs recorded once per batch size. The runner asks `size_for` once per step, and replays or
+    runs eagerly."""
 
     def __init__(self, max_num_seqs: int):
         self.sizes = graph_sizes(max_num_seqs)
         self.graphs: dict[int, tuple] = {}  # size -> (graph, its logits): recorded by `record`
 
     def size_for(self, batch: ScheduledBatch) -> int | None:
-        """The graph this step replays, padded to its size; None: it runs eagerly (a step with a prompt
-        in it, more sequences than any graph holds, or before the graphs are recorded)."""
+        """The graph this step replays, padded to its size; None: it runs eagerly (a step with a
+        prompt in it, more sequences than any graph holds, or before the graphs are recorded)."""
         if not self.graphs or any(n != 1 for n in batch.num_new):
             return None
         return padded_size(len(batch.seqs), self.sizes)
 
     def start(self, runner) -> None:
-        """At start-up, on rank 0: compile what the first requests would wait for, then record the graphs,
-        here and, at the same time, on every tensor-parallel worker (their collectives are recorded too)."""
+        """At start-up, on rank 0: compile what the first requests would wait for, then record the
+        graphs, here and, at the same time, on every tensor-parallel worker (their collectives are
+        recorded too)."""
         warm_up(runner)
         if runner.workers is not None:
             runner.workers.record_graphs(self.sizes)
@@ -60,10 +62,11 @@ class CUDAGraphs:
 
     @torch.inference_mode()
     def record(self, runner) -> None:
-        """One graph per size, largest first, all in one memory pool (a smaller graph reuses the larger one's
-        memory: only one runs at a time). Each records the runner's model over the builder's device buffers
-        (`builder.static(size, ...)`), with every row padding, and the attention's split of the context
-        fixed for the longest context (max_model_len). One warm-up run outside the graph before each."""
+        """One graph per size, largest first, all in one memory pool (a smaller graph reuses the
+        larger one's memory: only one runs at a time). Each records the runner's model over the
+        builder's device buffers (`builder.static(size, ...)`), with every row padding, and the
+        attention's split of the context fixed for the longest context (max_model_len). One warm-up
+        run outside the graph before each."""
         builder, pool = runner.builder, None
         builder.pad(0, self.sizes[-1])  # recording writes no K/V anywhere
         builder.copy()
@@ -71,7 +74,8 @@ class CUDAGraphs:
             meta = builder.static(size, runner.max_model_len)
 
             def forward(meta=meta):
-                return runner.model.compute_logits(runner.model(meta.input_ids, meta.positions, runner.cache, meta))
+                return runner.model.compute_logits(runner.model(meta.input_ids, meta.positions,
+                                                                runner.cache, meta))
 
             forward()  # compiles kernels, settles the allocator
             self.graphs[size] = self.capture(forward, pool)
@@ -79,7 +83,8 @@ class CUDAGraphs:
 
     @staticmethod
     def capture(forward, pool):
-        """Record forward() into a CUDA graph in this memory pool; returns (the graph, forward's output)."""
+        """Record forward() into a CUDA graph in this memory pool; returns (the graph, forward's
+        output)."""
         torch.cuda.synchronize()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=pool):
@@ -96,18 +101,20 @@ class CUDAGraphs:
 
 @torch.inference_mode()
 def warm_up(runner) -> None:
-    """Compile at start-up what the first requests would otherwise wait for, in the middle of their steps:
-    Triton compiles a kernel again for each new class of its integer arguments
-    (1, a multiple of 16, other), so prefills of 1, 9 and 16 query tiles run through dummy sequences;
-    torch.compile compiles for one row and again for several, so the sampler samples both. The lengths
-    are odd on purpose: a size equal to a model dimension would be specialised on."""
+    """Compile at start-up what the first requests would otherwise wait for, in the middle of their
+    steps: Triton compiles a kernel again for each new class of its integer arguments (1, a multiple
+    of 16, other), so prefills of 1, 9 and 16 query tiles run through dummy sequences; torch.compile
+    compiles for one row and again for several, so the sampler samples both. The lengths are odd on
+    purpose: a size equal to a model dimension would be specialised on."""
     for i, n in enumerate((61, 541, 1019)):
         n = min(n, runner.max_model_len, runner.builder.max_num_tokens)
         seq_id = -1 - i  # never a request's
         try:
             runner.cache.reserve(seq_id, [0] * n)
-            logits = runner.forward(runner.builder.build(runner.cache, [(seq_id, 0, [0] * n)]), None)
+            logits = runner.forward(runner.builder.build(runner.cache, [(seq_id, 0, [0] * n)]),
+                                    None)
         finally:
             runner.cache.release(seq_id)
     for rows in (1, 3):
-        runner.sampler(logits.repeat(rows, 1), [SamplingParams(temperature=1.0)] * rows, [0] * rows, [0] * rows)
+        runner.sampler(logits.repeat(rows, 1), [SamplingParams(temperature=1.0)] * rows, [0]
+                       * rows, [0] * rows)

@@ -15,7 +15,8 @@ class Detokenizer:
     could lose a space; with the context in front, only the context's space is dropped.
     """
 
-    def __init__(self, tokenizer, stop: list[str] = (), include_stop: bool = False, skip_special_tokens: bool = True):
+    def __init__(self, tokenizer, stop: list[str] = (), include_stop: bool = False,
+                 skip_special_tokens: bool = True):
         self.tokenizer, self.stop, self.include_stop = tokenizer, list(stop), include_stop
         self.skip_special_tokens = skip_special_tokens
         self.token_ids: list[int] = []
@@ -27,16 +28,18 @@ class Detokenizer:
         self.longest = max((len(s) for s in self.stop), default=0)
 
     def add(self, token_id: int, may_stop: bool = True) -> str:
-        """Add one token; return the text that became final (for streaming). may_stop: False while the
-        request's min_tokens are not reached (a stop string then does not count).
+        """Add one token; return the text that became final (for streaming). may_stop: False while
+        the request's min_tokens are not reached (a stop string then does not count).
 
         Text that may still turn out to begin a stop string is held back (up to the longest stop
-        string's length - 1 characters), as is half a multi-byte character; flush() returns the rest.
+        string's length - 1 characters), as is half a multi-byte character; flush() returns the
+        rest.
         """
         self.token_ids.append(token_id)
         if self.stopped:  # the text is over; later tokens change nothing
             return ""
-        decode = lambda ids: self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens)
+        decode = lambda ids: self.tokenizer.decode(ids,
+                                                   skip_special_tokens=self.skip_special_tokens)
         context = decode(self.token_ids[self.prefix:self.read])
         window = decode(self.token_ids[self.prefix:])
         if window.endswith("\ufffd"):  # half a UTF-8 character: wait for the rest
@@ -53,7 +56,8 @@ class Detokenizer:
             at, self.stop_str = min(hits)
             text, self.stopped = text[:at + len(self.stop_str) * self.include_stop], True
         self.text = text
-        final = len(text) if self.stopped else max(self.emitted, len(text) - max(self.longest - 1, 0))
+        final = len(text) if self.stopped \
+            else max(self.emitted, len(text) - max(self.longest - 1, 0))
         new, self.emitted = text[self.emitted:final], final
         return new
 

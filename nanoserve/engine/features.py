@@ -7,26 +7,33 @@ first asks for it, and a step in which nobody asks runs none of it. FEATURES say
 of SamplingParams ask for which feature: this table is all of them that a plain request meets."""
 import importlib
 
-# name -> (its class, as "module:name"; does a request with these SamplingParams ask for it?). The logits
-# processors edit the logits in this order (bans commute with every edit but min_p, which comes last).
+# name -> (its class, as "module:name"; does a request with these SamplingParams ask for it?). The
+# logits processors edit the logits in this order (bans commute with every edit but min_p, which
+# comes last).
 FEATURES = {
     "structured_outputs": ("nanoserve.features.structured_outputs:GrammarMask",
                            lambda p: p.structured_outputs is not None),
     "logit_bias": ("nanoserve.features.logit_edits:LogitBias", lambda p: bool(p.logit_bias)),
-    "allowed_token_ids": ("nanoserve.features.logit_edits:AllowedTokens", lambda p: p.allowed_token_ids is not None),
+    "allowed_token_ids": ("nanoserve.features.logit_edits:AllowedTokens",
+                          lambda p: p.allowed_token_ids is not None),
     "penalties": ("nanoserve.features.penalties:Penalties",
-                  lambda p: p.repetition_penalty != 1 or bool(p.frequency_penalty or p.presence_penalty)),
-    "banned_tokens": ("nanoserve.features.logit_edits:BannedTokens", lambda p: p.min_tokens > 0 or bool(p.bad_words)),
+                  lambda p: p.repetition_penalty != 1
+                  or bool(p.frequency_penalty or p.presence_penalty)),
+    "banned_tokens": ("nanoserve.features.logit_edits:BannedTokens", lambda p: p.min_tokens > 0
+                      or bool(p.bad_words)),
     "min_p": ("nanoserve.features.logit_edits:MinP", lambda p: p.min_p > 0 and p.temperature > 0),
     "logprobs": ("nanoserve.features.logprobs:SampledLogprobs",
                  lambda p: p.logprobs is not None or bool(p.logprob_token_ids)),
-    "prompt_logprobs": ("nanoserve.features.logprobs:PromptScorer", lambda p: p.prompt_logprobs is not None),
+    "prompt_logprobs": ("nanoserve.features.logprobs:PromptScorer",
+                        lambda p: p.prompt_logprobs is not None),
 }
-NOT_PROCESSORS = {"logprobs", "prompt_logprobs"}  # features that read the logits but leave them as they are
+# features that read the logits but leave them as they are
+NOT_PROCESSORS = {"logprobs", "prompt_logprobs"}
 
 
 def features_of(params, custom=()) -> frozenset[str]:
-    """The features a request asks for; custom: the LLM's own processors (classes), which say themselves."""
+    """The features a request asks for; custom: the LLM's own processors (classes), which say
+    themselves."""
     asked = {name for name, (_, asks) in FEATURES.items() if asks(params)}
     return frozenset(asked | {cls.__name__ for cls in custom if cls.wanted(params)})
 

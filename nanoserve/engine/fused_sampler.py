@@ -16,22 +16,26 @@ class FusedSampler(Sampler):
         # rows: temperature, top_p | top_k, seed, step. Two sets of host buffers, used in turn: with
         # async scheduling the copy of one step's parameters may still wait in the GPU's queue while
         # the next step's are written.
-        self.host_f = [torch.zeros(2, max_num_seqs, dtype=torch.float32, pin_memory=on_gpu) for _ in range(2)]
-        self.host_i = [torch.zeros(3, max_num_seqs, dtype=torch.int64, pin_memory=on_gpu) for _ in range(2)]
+        self.host_f = [torch.zeros(2, max_num_seqs, dtype=torch.float32, pin_memory=on_gpu)
+                       for _ in range(2)]
+        self.host_i = [torch.zeros(3, max_num_seqs, dtype=torch.int64, pin_memory=on_gpu)
+                       for _ in range(2)]
         self.dev_f = torch.zeros(2, max_num_seqs, dtype=torch.float32, device=self.device)
         self.dev_i = torch.zeros(3, max_num_seqs, dtype=torch.int64, device=self.device)
         self.current = 0
-        # Every step's draw runs the same `pick` (compiled; on a GPU section 8's one Triton kernel), so a
-        # row's numerics never depend on its batch-mates. top-k/top-p (a sort and a cumsum, which torch
-        # 2.11's inductor fails to compile with dynamic shapes) run eagerly before it, and only in steps
-        # where some row asks for them: they leave the other rows' logits exactly as they are.
+        # Every step's draw runs the same `pick` (compiled; on a GPU section 8's one Triton kernel),
+        # so a row's numerics never depend on its batch-mates. top-k/top-p (a sort and a cumsum,
+        # which torch 2.11's inductor fails to compile with dynamic shapes) run eagerly before it,
+        # and only in steps where some row asks for them: they leave the other rows' logits exactly
+        # as they are.
         if compiled and on_gpu:
             from nanoserve.kernels import triton_fused  # imported on GPU machines only
             self.pick = triton_fused.triton_pick
         else:
             self.pick = torch.compile(pick, dynamic=True) if compiled else pick
 
-    def __call__(self, logits: torch.Tensor, params: list, seeds: list[int], steps: list[int]) -> torch.Tensor:
+    def __call__(self, logits: torch.Tensor, params: list, seeds: list[int],
+                 steps: list[int]) -> torch.Tensor:
         """The sampled tokens as a device tensor: queued on the GPU, not waited for."""
         if all(p.temperature == 0 for p in params):  # all greedy: no random numbers needed
             return logits.argmax(dim=-1)
@@ -50,4 +54,5 @@ class FusedSampler(Sampler):
         top_k, seeds, steps = self.dev_i[:, :n]
         if any(p.top_k > 0 or p.top_p < 1 for p in params):  # known here: no need to ask the device
             logits = keep_top_k_top_p(logits.float(), temperature, top_k, top_p)
-        return self.pick(logits, temperature, seeds, steps)  # pick's own cast to float32 is fused into it
+        # pick's own cast to float32 is fused into it
+        return self.pick(logits, temperature, seeds, steps)

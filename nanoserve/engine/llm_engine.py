@@ -18,92 +18,109 @@ from nanoserve.engine.sequence import Sequence, SequenceStatus, completion_seed
 class EngineStats:
     """Counters over the engine's whole life: constant memory, however long it serves."""
     steps: int = 0
-    prefill_steps: int = 0  # steps that computed prompt tokens (a prompt, a chunk of one, or a recomputation)
+    # steps that computed prompt tokens (a prompt, a chunk of one, or a recomputation)
+    prefill_steps: int = 0
     preemptions: int = 0
     computed_tokens: int = 0  # tokens whose K/V the model computed
     generated_tokens: int = 0
-    steps_ahead: int = 0  # steps launched before the one before them was processed (async scheduling)
+    # steps launched before the one before them was processed (async scheduling)
+    steps_ahead: int = 0
 
 
 def check_token_ids(params: SamplingParams, prepared, vocab: int) -> None:
-    """Every token id a request carries must be one of the model's: an id past the logits would fail the step,
-    and with it every request in the step. bad_words come from the tokenizer, whose ids can pass a small
-    model's vocabulary."""
+    """Every token id a request carries must be one of the model's: an id past the logits would fail
+    the step, and with it every request in the step. bad_words come from the tokenizer, whose ids
+    can pass a small model's vocabulary."""
     named = {"stop_token_ids": params.stop_token_ids, "logit_bias": params.logit_bias or {},
              "allowed_token_ids": params.allowed_token_ids or (),
              "logprob_token_ids": params.logprob_token_ids or (),
              "bad_words": [prepared.bad_words.largest] if prepared.bad_words is not None else ()}
     for name, ids in named.items():
         if ids and max(ids) >= vocab:
-            raise InvalidParameter(f"{name}: token ids must be below the model's vocabulary size {vocab}, "
-                                   f"got {max(ids)}", name)
+            raise InvalidParameter(f"{name}: token ids must be below the model's vocabulary size "
+                                   f"{vocab}, got {max(ids)}", name)
 
 
 class LLMEngine:
-    def __init__(self, model, cache: PagedKVCache, tokenizer=None, eos_token_ids=(), max_num_seqs: int = 256,
-                 max_num_batched_tokens: int = 8192, enable_chunked_prefill: bool = True, max_model_len: int = 4096,
+    def __init__(self, model, cache: PagedKVCache, tokenizer=None, eos_token_ids=(),
+                 max_num_seqs: int = 256,
+                 max_num_batched_tokens: int = 8192, enable_chunked_prefill: bool = True,
+                 max_model_len: int = 4096,
                  seed: int = 0, runner: ModelRunner | None = None, max_logprobs: int = 20,
                  async_scheduling: bool = False):
-        self.model, self.cache, self.tokenizer, self.eos = model, cache, tokenizer, set(eos_token_ids)
-        self.scheduler = Scheduler(cache, max_num_seqs, max_num_batched_tokens, enable_chunked_prefill)
-        # LLM passes a runner with lesson 06's and 07's collaborators (CUDA graphs, workers, a fused sampler)
-        self.runner = runner or ModelRunner(model, cache, max_num_seqs, max_num_batched_tokens, max_model_len)
+        self.model, self.cache, self.tokenizer = model, cache, tokenizer
+        self.eos = set(eos_token_ids)
+        self.scheduler = Scheduler(cache, max_num_seqs, max_num_batched_tokens,
+                                   enable_chunked_prefill)
+        # LLM passes a runner with lesson 06's and 07's collaborators (CUDA graphs, workers, a fused
+        # sampler)
+        self.runner = runner \
+            or ModelRunner(model, cache, max_num_seqs, max_num_batched_tokens, max_model_len)
         self.max_model_len, self.max_logprobs = max_model_len, max_logprobs
-        # Schedule and launch step N+1 before waiting for step N's tokens: the CPU's work for one step
-        # overlaps the GPU's for the other (lesson 06 measures it).
+        # Schedule and launch step N+1 before waiting for step N's tokens: the CPU's work for one
+        # step overlaps the GPU's for the other (lesson 06 measures it).
         self.async_scheduling = async_scheduling
         self.in_flight: LaunchedStep | None = None  # launched, not processed yet (async scheduling)
         self.seeder = random.Random(seed)  # seeds for requests that bring none: reproducible runs
         self.next_id = 0
         self.stats = EngineStats()
-        self.step_seqs: list[Sequence] = []  # the sequences of the step in progress (after a failed step: its)
+        # the sequences of the step in progress (after a failed step: its)
+        self.step_seqs: list[Sequence] = []
 
     def add_request(self, prompt_ids: list[int], params: SamplingParams) -> Sequence:
-        """Queue a request; a bad one raises ValueError here, before it can touch the batch (InvalidParameter,
-        naming it, for a parameter this model cannot take)."""
+        """Queue a request; a bad one raises ValueError here, before it can touch the batch
+        (InvalidParameter, naming it, for a parameter this model cannot take)."""
         vocab = self.model.config.vocab_size
         if not all(isinstance(t, int) and 0 <= t < vocab for t in prompt_ids):
             raise ValueError(f"prompt token ids must be integers in [0, {vocab})")
-        prepared = prepare(params, self.tokenizer)  # once per SamplingParams: a server's thread did it already
+        # once per SamplingParams: a server's thread did it already
+        prepared = prepare(params, self.tokenizer)
         check_token_ids(params, prepared, vocab)
         stops = set(params.stop_token_ids) | (set() if params.ignore_eos else self.eos)
         if params.min_tokens and prepared.allowed is not None and prepared.allowed <= stops:
-            raise InvalidParameter("min_tokens: every one of allowed_token_ids stops the output", "min_tokens")
-        if params.truncate_prompt_tokens is not None:  # as vLLM: keep the last k (-1: max_model_len)
-            keep = self.max_model_len if params.truncate_prompt_tokens == -1 else params.truncate_prompt_tokens
+            raise InvalidParameter("min_tokens: every one of allowed_token_ids stops the output",
+                                   "min_tokens")
+        # as vLLM: keep the last k (-1: max_model_len)
+        if params.truncate_prompt_tokens is not None:
+            keep = self.max_model_len if params.truncate_prompt_tokens == -1 \
+                else params.truncate_prompt_tokens
             prompt_ids = prompt_ids[-keep:]
         if params.max_tokens is None:  # as vLLM: whatever max_model_len leaves
             if len(prompt_ids) >= self.max_model_len:
-                raise ValueError(f"a prompt of {len(prompt_ids)} tokens leaves no room for max_tokens=None within "
-                                 f"max_model_len {self.max_model_len}")
+                raise ValueError(f"a prompt of {len(prompt_ids)} tokens leaves no room for "
+                                 f"max_tokens=None within max_model_len {self.max_model_len}")
             try:
                 params = params.clone(max_tokens=self.max_model_len - len(prompt_ids))
             except ValueError as e:  # min_tokens above what max_model_len leaves
-                raise InvalidParameter(f"{str(e).removeprefix('SamplingParams: ')} (max_tokens=None leaves "
+                raise InvalidParameter(f"{str(e).removeprefix('SamplingParams: ')} "
+                                       "(max_tokens=None leaves "
                                        f"what max_model_len does)", "min_tokens") from None
         for name in ("logprobs", "prompt_logprobs"):
             if getattr(params, name) is not None and getattr(params, name) > self.max_logprobs:
-                raise ValueError(f"{name} {getattr(params, name)} exceeds max_logprobs {self.max_logprobs} "
-                                 f"(an LLM argument)")
+                raise ValueError(f"{name} {getattr(params, name)} exceeds max_logprobs "
+                                 f"{self.max_logprobs} (an LLM argument)")
         if len(prompt_ids) + params.max_tokens > self.max_model_len:
-            raise ValueError(f"prompt of {len(prompt_ids)} tokens + max_tokens {params.max_tokens} exceeds "
-                             f"max_model_len {self.max_model_len}")
+            raise ValueError(f"prompt of {len(prompt_ids)} tokens + max_tokens {params.max_tokens} "
+                             f"exceeds max_model_len {self.max_model_len}")
         pool = self.cache.block_manager
-        max_kv_tokens = len(prompt_ids) + params.max_tokens - 1  # the last token sampled never needs K/V
+        # the last token sampled never needs K/V
+        max_kv_tokens = len(prompt_ids) + params.max_tokens - 1
         if pool.blocks_for(max_kv_tokens) > pool.num_blocks:
-            raise ValueError(f"prompt + max_tokens need {pool.blocks_for(max_kv_tokens)} KV blocks but the pool has "
-                             f"{pool.num_blocks}: it can never fit")
+            raise ValueError(f"prompt + max_tokens need {pool.blocks_for(max_kv_tokens)} KV blocks "
+                             f"but the pool has {pool.num_blocks}: it can never fit")
         if not self.scheduler.chunked and len(prompt_ids) > self.scheduler.max_num_batched_tokens:
             raise ValueError(f"a prompt of {len(prompt_ids)} tokens exceeds max_num_batched_tokens "
                              f"{self.scheduler.max_num_batched_tokens} and chunked prefill is off")
         seed = params.seed if params.seed is not None else self.seeder.getrandbits(62)
-        seqs = [Sequence(self.next_id + i, prompt_ids, params, completion_seed(seed, i), self.eos, self.tokenizer, i)
+        seqs = [Sequence(self.next_id + i, prompt_ids, params, completion_seed(seed, i), self.eos,
+                         self.tokenizer, i)
                 for i in range(params.n)]  # Sequence checks the prompt
         self.next_id += params.n
         custom = frozenset(c.__name__ for c in self.runner.custom_processors if c.wanted(params))
         for seq in seqs if custom else ():  # the LLM's own logits processors this request wants
             seq.features |= custom
-        seqs[0].forks = seqs[1:]  # the others start from its computed prompt (Scheduler.start_forks)
+        # the others start from its computed prompt (Scheduler.start_forks)
+        seqs[0].forks = seqs[1:]
         self.scheduler.add(seqs[0])
         return seqs[0]
 
@@ -111,10 +128,11 @@ class LLMEngine:
         return self.scheduler.has_unfinished()
 
     def step(self) -> list[tuple[Sequence, int | None]]:
-        """Run one step: schedule -> launch -> collect -> process. Returns (sequence, new token or None) for
-        every sequence the step computed. With async scheduling the next step is scheduled and launched
-        before this one's tokens are waited for. If it raises, no step counts (the scheduler's counts are
-        taken back), and step_seqs holds the sequences it was running: the requests a server fails with it."""
+        """Run one step: schedule -> launch -> collect -> process. Returns (sequence, new token or
+        None) for every sequence the step computed. With async scheduling the next step is scheduled
+        and launched before this one's tokens are waited for. If it raises, no step counts (the
+        scheduler's counts are taken back), and step_seqs holds the sequences it was running: the
+        requests a server fails with it."""
         current, self.in_flight = self.in_flight, None
         try:
             if current is None:
@@ -133,14 +151,17 @@ class LLMEngine:
         return self.process(current, tokens, logprobs)
 
     def schedule(self) -> ScheduledBatch:
-        self.step_seqs = self.scheduler.running  # while scheduling: whoever runs (this list, as it grows)
-        batch = self.scheduler.schedule()  # schedule() takes the step's KV space: the only allocation
+        # while scheduling: whoever runs (this list, as it grows)
+        self.step_seqs = self.scheduler.running
+        # schedule() takes the step's KV space: the only allocation
+        batch = self.scheduler.schedule()
         self.step_seqs = batch.seqs
         return batch
 
     def launch(self, batch: ScheduledBatch, previous: LaunchedStep | None = None) -> LaunchedStep:
         if not batch.seqs:
-            raise RuntimeError("nothing could be scheduled: the KV pool is too small for the next request")
+            raise RuntimeError("nothing could be scheduled: the KV pool is too small for the next "
+                               "request")
         try:
             return self.runner.launch(batch, previous)
         except BaseException:
@@ -148,18 +169,20 @@ class LLMEngine:
             raise
 
     def cancel_steps(self, *steps) -> None:
-        """Steps that will never be processed (newest first): the scheduler takes back what they counted."""
+        """Steps that will never be processed (newest first): the scheduler takes back what they
+        counted."""
         self.in_flight = None
         for step in steps:
             batch = getattr(step, "batch", step)
             if batch is not None:
                 self.scheduler.cancel(batch)
 
-    def process(self, launched: LaunchedStep, tokens: list[int | None], logprobs: list) -> list[tuple[Sequence, int | None]]:
-        """Bring every sequence of a computed step up to date: its K/V, its new token, finished or not.
-        A sequence whose update raises (its detokenizer, say) fails alone: (seq, None) with finish_reason
-        "error"; the others go on. A sequence that finished (or was aborted) since the step was launched
-        drops its row."""
+    def process(self, launched: LaunchedStep, tokens: list[int | None],
+                logprobs: list) -> list[tuple[Sequence, int | None]]:
+        """Bring every sequence of a computed step up to date: its K/V, its new token, finished or
+        not. A sequence whose update raises (its detokenizer, say) fails alone: (seq, None) with
+        finish_reason "error"; the others go on. A sequence that finished (or was aborted) since the
+        step was launched drops its row."""
         out, batch = [], launched.batch
         for seq, first, entries in launched.scorer.read() if launched.scorer is not None else ():
             if seq.status is not SequenceStatus.FINISHED:  # prompt_logprobs, before any can finish
@@ -168,26 +191,30 @@ class LLMEngine:
             if seq.status is SequenceStatus.FINISHED:
                 continue
             # The K/V this step wrote for it, unless it was preempted since (its blocks went back)
-            computed = batch.starts[i] + batch.num_new[i] if seq.num_preemptions == batch.preemptions[i] else None
+            computed = batch.starts[i] + batch.num_new[i] \
+                if seq.num_preemptions == batch.preemptions[i] else None
             known = seq.num_tokens
             try:
                 self.update(seq, computed, token, lp)
                 out.append((seq, token))
             except Exception as e:
                 out.extend((s, None) for s in self.fail(seq, f"{type(e).__name__}: {e}"))
-            except BaseException:  # Ctrl-C: the rest of this step is not processed, nor will the step ahead be
+            # Ctrl-C: the rest of this step is not processed, nor will the step ahead be
+            except BaseException:
                 batch.uncount(i + (seq.num_tokens > known))
                 self.cancel_steps(self.in_flight)
                 raise
         self._count(batch, tokens)
-        if self.in_flight is not None and all(s.status is SequenceStatus.FINISHED for s in self.in_flight.batch.seqs):
+        if self.in_flight is not None \
+            and all(s.status is SequenceStatus.FINISHED for s in self.in_flight.batch.seqs):
             self.in_flight = None  # every sequence in it has finished: nothing to wait for
         return out
 
     def update(self, seq: Sequence, computed: int | None, token: int | None, lp) -> None:
         """computed: how many of seq's tokens have their K/V written now (None: preempted since)."""
         if computed is not None:
-            self.cache.commit(seq.seq_id, seq.token_ids, computed)  # its K/V are written: shareable now
+            # its K/V are written: shareable now
+            self.cache.commit(seq.seq_id, seq.token_ids, computed)
         if token is not None:
             seq.append(token)
             seq.num_placeholders -= 1  # the placeholder is a token now
@@ -199,7 +226,8 @@ class LLMEngine:
                 self.scheduler.finish(seq)
 
     def fail(self, seq: Sequence, error: str) -> list[Sequence]:
-        """End a sequence, and its completions not started yet, with finish_reason "error"; blocks back."""
+        """End a sequence, and its completions not started yet, with finish_reason "error"; blocks
+        back."""
         failed, seq.forks = [seq, *seq.forks], []
         for s in failed:
             s.finish_reason, s.error = "error", error

@@ -2,8 +2,9 @@
 # Edit the notebook, then run `make export` (python tools/export.py).
 
 """Runs one scheduled step: its metadata -> the model -> the next token of each finished prefix. One
-runner for every mode: lesson 06's CUDA graphs and lesson 07's tensor-parallel workers are collaborators
-it holds (None until they exist), and whether a step replays a graph is decided once, in `launch`."""
+runner for every mode: lesson 06's CUDA graphs and lesson 07's tensor-parallel workers are
+collaborators it holds (None until they exist), and whether a step replays a graph is decided once,
+in `launch`."""
 from dataclasses import dataclass
 
 import torch
@@ -14,13 +15,14 @@ from nanoserve.engine.features import load
 from nanoserve.engine.sampler import Sampler
 from nanoserve.engine.scheduler import ScheduledBatch
 
-LOGIT_ROWS = 256  # the rows whose logits a step makes at a time (prompt_logprobs can ask for thousands)
+# the rows whose logits a step makes at a time (prompt_logprobs can ask for thousands)
+LOGIT_ROWS = 256
 
 
 def prepare_inputs(batch: ScheduledBatch) -> list[tuple[int, int, list[int]]]:
-    """The step as the metadata builder takes it: (seq_id, first new position, new token ids) for each
-    sequence. A token the previous step sampled but the host has not seen yet (a placeholder, with async
-    scheduling) is given as 0: the runner copies the real one in on the device."""
+    """The step as the metadata builder takes it: (seq_id, first new position, new token ids) for
+    each sequence. A token the previous step sampled but the host has not seen yet (a placeholder,
+    with async scheduling) is given as 0: the runner copies the real one in on the device."""
     step = []
     for seq, start, n in zip(batch.seqs, batch.starts, batch.num_new):
         known = seq.token_ids[start:start + n]
@@ -35,13 +37,15 @@ class LaunchedStep:
     sampled: list  # the sequences it draws a token for
     features: set[str]  # what its sequences ask for beyond a plain draw
     steps: list[int]  # the tokens each sampled sequence drew before this step's
-    tokens: torch.Tensor | None = None  # [num sampled] on the device (None: not drawn yet, or nobody samples)
+    # [num sampled] on the device (None: not drawn yet, or nobody samples)
+    tokens: torch.Tensor | None = None
     host: torch.Tensor | None = None  # their copy on the host, valid once `done` has passed
     logprobs: object | None = None  # logprobs=k: the step's SampledLogprobs
     done: torch.cuda.Event | None = None  # None on a CPU: everything ran already
     scorer: object | None = None  # prompt_logprobs: the step's PromptScorer
     logits: torch.Tensor | None = None  # until the draw: the sampled rows' logits
-    last_inputs: object | None = None  # until the draw: () -> each row's last input token, on the device
+    # until the draw: () -> each row's last input token, on the device
+    last_inputs: object | None = None
 
     @property
     def waits(self) -> bool:
@@ -55,36 +59,45 @@ class ModelRunner:
         self.model, self.cache, self.sampler = model, cache, sampler or Sampler()
         self.max_model_len = max_model_len
         device = next(model.parameters()).device
-        self.builder = StepMetadataBuilder(max_num_batched_tokens, max_num_seqs, -(-max_model_len // cache.block_size),
+        self.builder = StepMetadataBuilder(max_num_batched_tokens, max_num_seqs,
+                                           -(-max_model_len // cache.block_size),
                                            device)
-        self.graphs = graphs  # lesson 06: CUDAGraphs, which replay decode steps (None: every step eager)
-        self.workers = workers  # lesson 07: TPWorkers, the other ranks, which run every forward with us
+        # lesson 06: CUDAGraphs, which replay decode steps (None: every step eager)
+        self.graphs = graphs
+        # lesson 07: TPWorkers, the other ranks, which run every forward with us
+        self.workers = workers
         # What requests ask of the logits (features beside the core): nothing of it is built, or
         # imported, until a step has a request that asks (make_processors)
         self.processors, self.custom_processors = None, tuple(logits_processors)
         pinned = device.type == "cuda"
-        self.host_tokens = [torch.zeros(max_num_seqs, dtype=torch.int64, pin_memory=pinned) for _ in range(2)]
+        self.host_tokens = [torch.zeros(max_num_seqs, dtype=torch.int64, pin_memory=pinned)
+                            for _ in range(2)]
         self.current = 0
 
     @torch.inference_mode()
     def launch(self, batch: ScheduledBatch, previous: LaunchedStep | None = None) -> LaunchedStep:
-        """Queue the step on the device and return without waiting for it. previous: the step before, whose
-        sampled tokens are this step's placeholders (async scheduling). A sequence whose draw needs its last
-        token on the host (a grammar's), while that token is still a placeholder, holds the draw back: the
-        step comes back waiting, and its draw is made once the step before is processed: when the next step
-        is launched (its tokens feed that step) or collected, whichever comes first."""
+        """Queue the step on the device and return without waiting for it. previous: the step
+        before, whose sampled tokens are this step's placeholders (async scheduling). A sequence
+        whose draw needs its last token on the host (a grammar's), while that token is still a
+        placeholder, holds the draw back: the step comes back waiting, and its draw is made once the
+        step before is processed: when the next step is launched (its tokens feed that step) or
+        collected, whichever comes first."""
         if previous is not None and previous.waits:
             self.draw(previous)
-        if all(n == 1 for n in batch.num_new):  # a decode step: the longest contexts in the first rows
+        # a decode step: the longest contexts in the first rows
+        if all(n == 1 for n in batch.num_new):
             batch = batch.longest_first()
         step, sampled = prepare_inputs(batch), [s for s, x in zip(batch.seqs, batch.sampled) if x]
         features = {name for seq in batch.seqs for name in seq.features}
-        steps = [s.num_output_tokens + s.num_placeholders - 1 for s in sampled]  # (its own placeholder counted)
+        # (its own placeholder counted)
+        steps = [s.num_output_tokens + s.num_placeholders - 1 for s in sampled]
         launched = LaunchedStep(batch, sampled, features, steps)
-        if "prompt_logprobs" in features:  # more rows of logits: those that score prompt tokens (eager steps)
+        # more rows of logits: those that score prompt tokens (eager steps)
+        if "prompt_logprobs" in features:
             launched.scorer = load("prompt_logprobs").of_step(batch, len(sampled))
         rows = launched.scorer.rows if launched.scorer is not None else []
-        size = self.graphs.size_for(batch) if self.graphs is not None and not rows else None  # graph or eager
+        # graph or eager
+        size = self.graphs.size_for(batch) if self.graphs is not None and not rows else None
         meta = self.builder.build(self.cache, step, batch.sampled, pad_to=size,
                                   carried=rows_from_previous(batch, step, previous),
                                   prompt_rows=rows)
@@ -93,19 +106,22 @@ class ModelRunner:
             launched.logits = logits[:len(sampled)]
             launched.last_inputs = lambda: meta.input_ids[meta.sample_rows[:len(sampled)]]
             # a placeholder besides this step's own: the step before has not been processed yet
-            if not (features and any(s.waits_for_last_token and s.num_placeholders > 1 for s in sampled)):
+            if not (features
+                    and any(s.waits_for_last_token and s.num_placeholders > 1 for s in sampled)):
                 self.draw(launched)
         return launched
 
     @torch.inference_mode()
     def draw(self, launched: LaunchedStep) -> None:
-        """Sample the step's tokens (after the logits processors) and queue their copy to the host."""
+        """Sample the step's tokens (after the logits processors) and queue their copy to the
+        host."""
         sampled, logits, steps = launched.sampled, launched.logits, launched.steps
         # log-probs are the model's (as vLLM's): the processors edit a copy if a row asks for them
         wants_logprobs = "logprobs" in launched.features
         if launched.features and self.processors is None:
             self.processors = self.make_processors()
-        edited = self.processors.apply(logits, sampled, steps, launched.last_inputs, in_place=not wants_logprobs) \
+        edited = self.processors.apply(logits, sampled, steps, launched.last_inputs,
+                                       in_place=not wants_logprobs) \
             if launched.features else logits
         tokens = self.sampler(edited, [s.params for s in sampled], [s.seed for s in sampled], steps)
         if launched.features:
@@ -125,41 +141,49 @@ class ModelRunner:
         return BatchProcessors(self.builder.max_num_seqs, self.model.config.vocab_size,
                                self.cache.k_cache.device, self.custom_processors)
 
-    def forward(self, meta: StepMetadata, size: int | None, copies=(), previous: LaunchedStep | None = None,
+    def forward(self, meta: StepMetadata, size: int | None, copies=(), previous: LaunchedStep
+                | None = None,
                 scorer=None) -> torch.Tensor:
-        """Logits of the step's sampled rows (a graph's: of all its rows). The workers (lesson 07) are sent the
-        same step first, and run it beside us."""
+        """Logits of the step's sampled rows (a graph's: of all its rows). The workers (lesson 07)
+        are sent the same step first, and run it beside us."""
         if self.workers is not None:
             self.workers.send_step(self.builder.rows(meta), size, copies)
         try:
-            self.cache.copy_blocks(copies)  # forks' partly filled blocks, before anyone writes to them
-            if meta.num_carried:  # placeholders: the tokens the previous step sampled, copied in the device's own queue
+            # forks' partly filled blocks, before anyone writes to them
+            self.cache.copy_blocks(copies)
+            # placeholders: the tokens the previous step sampled, copied in the device's own queue
+            if meta.num_carried:
                 dev = self.builder.dev_views
-                # three small kernels: the builder's int32 rows index directly (no casts to int64 first)
-                rows, src = dev["carried_rows"][:meta.num_carried], dev["carried_from"][:meta.num_carried]
+                # three small kernels: the builder's int32 rows index directly (no casts to int64
+                # first)
+                rows = dev["carried_rows"][:meta.num_carried]
+                src = dev["carried_from"][:meta.num_carried]
                 meta.input_ids[rows] = previous.tokens.index_select(0, src).to(meta.input_ids.dtype)
             if self.workers is not None:
                 self.workers.share_inputs(meta)
             return self.compute(meta, size, scorer)
         except BaseException as e:
-            if self.workers is not None:  # the ranks are out of step now (a death, an error, Ctrl-C)
+            # the ranks are out of step now (a death, an error, Ctrl-C)
+            if self.workers is not None:
                 self.workers.fail(e)
             raise
 
     def compute(self, meta: StepMetadata, size: int | None, scorer=None) -> torch.Tensor:
-        """The forward itself, the same on every rank: a graph of `size` sequences replayed, or the model. The
-        logits are made LOGIT_ROWS rows at a time: a long prompt scored for prompt_logprobs (scorer) never has
-        all its logits at once (4,000 rows of a 151,936-token vocabulary in float32 are 2.4 GB)."""
+        """The forward itself, the same on every rank: a graph of `size` sequences replayed, or the
+        model. The logits are made LOGIT_ROWS rows at a time: a long prompt scored for
+        prompt_logprobs (scorer) never has all its logits at once (4,000 rows of a 151,936-token
+        vocabulary in float32 are 2.4 GB)."""
         if size is not None:
             return self.graphs.replay(size)
         hidden = self.model(meta.input_ids, meta.positions, self.cache, meta)[meta.sample_rows]
         chunks = (self.model.compute_logits(hidden[i:i + LOGIT_ROWS])
-                  for i in range(0, max(len(hidden), 1), LOGIT_ROWS))  # one chunk at least: maybe empty
+                  # one chunk at least: maybe empty
+                  for i in range(0, max(len(hidden), 1), LOGIT_ROWS))
         return torch.cat(list(chunks)) if scorer is None else scorer.take(chunks)
 
     def collect(self, launched: LaunchedStep) -> tuple[list[int | None], list]:
-        """Wait for a launched step; the token of each of its sequences (None: still prefilling), and
-        its log-probs (for those that asked)."""
+        """Wait for a launched step; the token of each of its sequences (None: still prefilling),
+        and its log-probs (for those that asked)."""
         batch = launched.batch
         if launched.waits:
             self.draw(launched)
@@ -179,11 +203,16 @@ class ModelRunner:
         return tokens, [next(logprobs) if s else None for s in batch.sampled]
 
 
-def rows_from_previous(batch: ScheduledBatch, step: list, previous: LaunchedStep | None) -> list[tuple[int, int]]:
-    """(row of this step, row of previous's tokens) for every placeholder among the step's tokens."""
+def rows_from_previous(batch: ScheduledBatch, step: list, previous: LaunchedStep
+                       | None) -> list[tuple[int, int]]:
+    """(row of this step, row of previous's tokens) for every placeholder among the step's
+    tokens."""
     if previous is None:
         return []
-    row_of = {id(s): i for i, s in enumerate(s for s, x in zip(previous.batch.seqs, previous.batch.sampled) if x)}
+    row_of = {id(s): i
+              for i, s in enumerate(s
+                                    for s, x in zip(previous.batch.seqs, previous.batch.sampled)
+                                    if x)}
     rows, first = [], 0
     for seq, (_, start, ids) in zip(batch.seqs, step):
         if start + len(ids) > seq.num_tokens:  # its last new token is a placeholder

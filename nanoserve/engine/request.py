@@ -15,35 +15,42 @@ class Completion:
     token_ids: list[int]
     text: str | None  # None when no tokenizer was given
     finish_reason: str  # "stop" (eos, stop token or stop string) or "length" (max_tokens)
-    stop_reason: int | str | None = None  # the stop token id or stop string that ended it (None: eos, length)
+    # the stop token id or stop string that ended it (None: eos, length)
+    stop_reason: int | str | None = None
 
 
 @dataclass
 class Prepared:
-    """What a request's constraints need from the tokenizer, worked out once per SamplingParams: its n
-    completions share it, and so does every request given the same object. A server prepares a request in a
-    thread before it admits it, so none of this runs in the step loop."""
+    """What a request's constraints need from the tokenizer, worked out once per SamplingParams: its
+    n completions share it, and so does every request given the same object. A server prepares a
+    request in a thread before it admits it, so none of this runs in the step loop."""
     bad_words: object | None  # features/logit_edits.py's BadWords
-    allowed: frozenset[int] | None  # allowed_token_ids as a set: each drawn token is checked against it
-    grammar: object | None  # the constraint compiled and checked (a CompiledGrammar): each completion follows
-    # its own matcher
+    # allowed_token_ids as a set: each drawn token is checked against it
+    allowed: frozenset[int] | None
+    # compiled and checked (a CompiledGrammar): each completion follows it with a matcher of its own
+    grammar: object | None
 
 
 def prepare(params: SamplingParams, tokenizer) -> Prepared:
-    """The request's Prepared (kept on params). Constraints that no token can satisfy raise InvalidParameter
-    naming one; a grammar that does not compile, ValueError (lesson 05 fails that request alone)."""
+    """The request's Prepared (kept on params). Constraints that no token can satisfy raise
+    InvalidParameter naming one; a grammar that does not compile, ValueError (lesson 05 fails that
+    request alone)."""
     kept = getattr(params, "_prepared", None)
     if kept is None or kept[0] is not tokenizer:
         if (params.stop or params.bad_words) and tokenizer is None:
-            raise InvalidParameter("stop strings and bad_words need the tokenizer: pass tokenizer=...",
+            raise InvalidParameter("stop strings and bad_words need the tokenizer: pass "
+                                   "tokenizer=...",
                                    "stop" if params.stop else "bad_words")
         structured, allowed = params.structured_outputs, params.allowed_token_ids
         # ValueError: this request fails
-        grammar = load("structured_outputs", "compiled_grammar")(tokenizer, structured) if structured is not None else None
-        words = load("banned_tokens", "tokenize_bad_words")(tokenizer, params.bad_words) if params.bad_words else None
+        grammar = load("structured_outputs", "compiled_grammar")(tokenizer, structured) \
+            if structured is not None else None
+        words = load("banned_tokens", "tokenize_bad_words")(tokenizer, params.bad_words) \
+            if params.bad_words else None
         allowed = frozenset(allowed) if allowed is not None else None
         if allowed is not None and words is not None and allowed <= words.banned([]):
-            raise InvalidParameter("allowed_token_ids: every allowed token is one of bad_words", "allowed_token_ids")
+            raise InvalidParameter("allowed_token_ids: every allowed token is one of bad_words",
+                                   "allowed_token_ids")
         kept = params._prepared = tokenizer, Prepared(words, allowed, grammar)
     return kept[1]
 
@@ -51,32 +58,39 @@ def prepare(params: SamplingParams, tokenizer) -> Prepared:
 class Request:
     """One prompt's progress through generation."""
 
-    def __init__(self, seq_id: int, prompt_ids: list[int], params: SamplingParams, seed: int, eos: set[int],
+    def __init__(self, seq_id: int, prompt_ids: list[int], params: SamplingParams, seed: int,
+                 eos: set[int],
                  tokenizer):
         if not prompt_ids:
             raise ValueError("the prompt is empty: give at least one token")
         if params.max_tokens is None:
-            raise ValueError("max_tokens=None means 'up to max_model_len', which only the engine (lesson 05) knows")
+            raise ValueError("max_tokens=None means 'up to max_model_len', which only the engine "
+                             "(lesson 05) knows")
         self.seq_id, self.params, self.seed = seq_id, params, seed
-        self.token_ids = list(prompt_ids)  # the prompt, then every generated token: one list, never copied
+        # the prompt, then every generated token: one list, never copied
+        self.token_ids = list(prompt_ids)
         self.num_prompt_tokens = len(prompt_ids)
         self.stop_ids = set(params.stop_token_ids) | (set() if params.ignore_eos else set(eos))
-        # Text token by token costs two tokenizer calls per token: only stop strings and streams need it.
-        # Otherwise the output is decoded once, when it is complete.
+        # Text token by token costs two tokenizer calls per token: only stop strings and streams
+        # need it. Otherwise the output is decoded once, when it is complete.
         self.tokenizer = tokenizer
         self.detok = self._detokenizer() if params.stop else None
         ready = prepare(params, tokenizer)
         self.bad_words, self.allowed = ready.bad_words, ready.allowed
-        self.matcher = ready.grammar.matcher() if ready.grammar is not None else None  # follows the grammar
-        # Its next draw depends on its last token (a grammar's state, or a bad word of several tokens): with
-        # lesson 05's async scheduling, its step's forward runs ahead of that token, and the draw waits for it.
+        # follows the grammar
+        self.matcher = ready.grammar.matcher() if ready.grammar is not None else None
+        # Its next draw depends on its last token (a grammar's state, or a bad word of several
+        # tokens): with lesson 05's async scheduling, its step's forward runs ahead of that token,
+        # and the draw waits for it.
         self.waits_for_last_token = self.matcher is not None or (self.bad_words is not None
                                                                  and self.bad_words.multi_token)
         self.features = features_of(params)  # asked once here, not for every sequence at every step
         # Its constraints check each drawn token (and its grammar follows it)
-        self.checks_tokens = bool(self.features & {"allowed_token_ids", "banned_tokens", "structured_outputs"})
+        self.checks_tokens = bool(self.features & {"allowed_token_ids", "banned_tokens",
+                                                   "structured_outputs"})
         self.finish_reason: str | None = None
-        self.stop_reason: int | str | None = None  # vLLM's: which stop_token_ids entry or stop string
+        # vLLM's: which stop_token_ids entry or stop string
+        self.stop_reason: int | str | None = None
         self.new_text = ""  # text that became final with the last token (when streaming)
 
     @property
@@ -96,8 +110,8 @@ class Request:
         return self.token_ids[self.num_prompt_tokens:]
 
     def append(self, token: int) -> None:
-        """Take the token drawn for this request. A token its own constraints forbid raises ValueError
-        (features/logit_edits.py's check_drawn): the request ends with that error."""
+        """Take the token drawn for this request. A token its own constraints forbid raises
+        ValueError (features/logit_edits.py's check_drawn): the request ends with that error."""
         if self.checks_tokens:
             load("banned_tokens", "check_drawn")(self, token)
         self.token_ids.append(token)
@@ -115,19 +129,23 @@ class Request:
             self.new_text += self.detok.flush()
 
     def stream_text(self) -> None:
-        """Make new_text after every token from now on (before the first token: a stream asks for it)."""
+        """Make new_text after every token from now on (before the first token: a stream asks for
+        it)."""
         if self.detok is None and self.tokenizer is not None and self.params.detokenize:
             self.detok = self._detokenizer()
 
     def _detokenizer(self) -> Detokenizer:
         p = self.params
-        return Detokenizer(self.tokenizer, p.stop, p.include_stop_str_in_output, p.skip_special_tokens)
+        return Detokenizer(self.tokenizer, p.stop, p.include_stop_str_in_output,
+                           p.skip_special_tokens)
 
     def completion(self) -> Completion:
         if self.detok is not None:
             text = self.detok.text
-        elif self.tokenizer is not None and self.params.detokenize:  # in one go (a cut character left out)
-            text = self.tokenizer.decode(self.output_ids, skip_special_tokens=self.params.skip_special_tokens)
+        # in one go (a cut character left out)
+        elif self.tokenizer is not None and self.params.detokenize:
+            text = self.tokenizer.decode(self.output_ids,
+                                         skip_special_tokens=self.params.skip_special_tokens)
             text = text.rstrip("\ufffd")
         else:
             text = None

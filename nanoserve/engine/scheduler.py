@@ -17,13 +17,18 @@ from nanoserve.engine.sequence import Sequence, SequenceStatus
 class ScheduledBatch:
     seqs: list[Sequence] = field(default_factory=list)
     num_new: list[int] = field(default_factory=list)  # tokens each sequence computes in this step
-    starts: list[int] = field(default_factory=list)  # its num_computed before: where its new tokens begin
-    sampled: list[bool] = field(default_factory=list)  # the step reaches its last token: it gets a new one
-    decoding: list[bool] = field(default_factory=list)  # its one new token is the one it sampled last
+    # its num_computed before: where its new tokens begin
+    starts: list[int] = field(default_factory=list)
+    # the step reaches its last token: it gets a new one
+    sampled: list[bool] = field(default_factory=list)
+    # its one new token is the one it sampled last
+    decoding: list[bool] = field(default_factory=list)
     preemptions: list[int] = field(default_factory=list)  # its num_preemptions when scheduled
     preempted: list[Sequence] = field(default_factory=list)
-    copies: list[tuple[int, int]] = field(default_factory=list)  # KV blocks (src, dst) to copy first (forks)
-    forked: list[Sequence] = field(default_factory=list)  # the completions whose blocks those copies fill
+    # KV blocks (src, dst) to copy first (forks)
+    copies: list[tuple[int, int]] = field(default_factory=list)
+    # the completions whose blocks those copies fill
+    forked: list[Sequence] = field(default_factory=list)
 
     def add(self, seq: Sequence, n: int) -> None:
         """n of seq's tokens go in this step, and are counted at once: from now on seq.num_computed
@@ -41,19 +46,21 @@ class ScheduledBatch:
         seq.num_placeholders += samples
 
     def longest_first(self) -> "ScheduledBatch":
-        """The same step with its sequences ordered by context length, longest first (ties keep their
-        order). Every per-sequence list is reordered alike, so the step is the same step; but a decode
-        kernel with one program per sequence now starts its longest work first and ends with less of a
-        tail (timed on a GPU by bench/decode_order.py)."""
+        """The same step with its sequences ordered by context length, longest first (ties keep
+        their order). Every per-sequence list is reordered alike, so the step is the same step; but
+        a decode kernel with one program per sequence now starts its longest work first and ends
+        with less of a tail (timed on a GPU by bench/decode_order.py)."""
         order = sorted(range(len(self.seqs)), key=lambda i: -(self.starts[i] + self.num_new[i]))
         return ScheduledBatch(*([column[i] for i in order] for column in (
             self.seqs, self.num_new, self.starts, self.sampled, self.decoding, self.preemptions)),
             self.preempted, self.copies, self.forked)
 
     def uncount(self, first: int = 0) -> None:
-        """Sequences first.. of this step were never processed (it failed, or was interrupted): take back
-        their counts. One preempted since has started over: only its placeholder is taken back."""
-        for seq, n, samples, p in list(zip(self.seqs, self.num_new, self.sampled, self.preemptions))[first:]:
+        """Sequences first.. of this step were never processed (it failed, or was interrupted): take
+        back their counts. One preempted since has started over: only its placeholder is taken
+        back."""
+        for seq, n, samples, p in list(zip(self.seqs, self.num_new, self.sampled,
+                                           self.preemptions))[first:]:
             if seq.num_preemptions == p:
                 seq.num_computed -= n
             seq.num_placeholders -= samples
@@ -66,7 +73,8 @@ class WaitingAndRunning:
         self.cache, self.max_num_seqs = cache, max_num_seqs
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # in admission order: the last one is preempted first
-        self.pending_copies: list[tuple[Sequence, tuple[int, int]]] = []  # forks' block copies, for the next step
+        # forks' block copies, for the next step
+        self.pending_copies: list[tuple[Sequence, tuple[int, int]]] = []
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -75,15 +83,16 @@ class WaitingAndRunning:
         return bool(self.waiting or self.running)
 
     def reserve(self, seq: Sequence) -> int:
-        """Blocks for a waiting sequence's tokens; returns how many are cached already (prefix caching), or
-        raises OutOfBlocks. One that scores its prompt (prompt_logprobs) computes every prompt token: its
-        logits are the score, so it takes no cached blocks."""
+        """Blocks for a waiting sequence's tokens; returns how many are cached already (prefix
+        caching), or raises OutOfBlocks. One that scores its prompt (prompt_logprobs) computes every
+        prompt token: its logits are the score, so it takes no cached blocks."""
         if seq.scores_prompt:
             return self.cache.reserve(seq.seq_id, seq.token_ids, reuse=False)
         return self.cache.reserve(seq.seq_id, seq.token_ids)
 
     def preempt(self, seq: Sequence) -> None:
-        """Take a running sequence's blocks back; it waits at the front of the queue to be recomputed."""
+        """Take a running sequence's blocks back; it waits at the front of the queue to be
+        recomputed."""
         self.cache.release(seq.seq_id)
         seq.num_computed = 0
         seq.status = SequenceStatus.PREEMPTED
@@ -92,15 +101,17 @@ class WaitingAndRunning:
         self.waiting.appendleft(seq)
 
     def finish(self, seq: Sequence) -> None:
-        """seq has its last token. Its completions not started yet start now, while its blocks still exist."""
+        """seq has its last token. Its completions not started yet start now, while its blocks still
+        exist."""
         if seq.forks:
             self.start_forks(seq)
         self.abort(seq)
 
     def abort(self, seq: Sequence) -> None:
-        """Drop a sequence wherever it is (finished, a caller gave up on it, or a step was interrupted
-        halfway through admitting it): out of both queues, and its blocks, if any, back to the pool.
-        In this order, an interruption (Ctrl-C) at any line leaves something abort() can clean up."""
+        """Drop a sequence wherever it is (finished, a caller gave up on it, or a step was
+        interrupted halfway through admitting it): out of both queues, and its blocks, if any, back
+        to the pool. In this order, an interruption (Ctrl-C) at any line leaves something abort()
+        can clean up."""
         if seq.status is not SequenceStatus.FINISHED:
             self.cache.release(seq.seq_id)
         if seq in self.running:
@@ -110,9 +121,10 @@ class WaitingAndRunning:
         seq.status = SequenceStatus.FINISHED
 
     def start_forks(self, seq: Sequence) -> None:
-        """The request's other completions share seq's computed prompt; each recomputes only the prompt's
-        last token (its logits give the completion's own first token). Without room, one waits and is
-        admitted like any request. A partly filled block is copied before the next step runs."""
+        """The request's other completions share seq's computed prompt; each recomputes only the
+        prompt's last token (its logits give the completion's own first token). Without room, one
+        waits and is admitted like any request. A partly filled block is copied before the next step
+        runs."""
         for child in seq.forks:
             copy, started = None, len(self.running) < self.max_num_seqs
             if started:
@@ -130,13 +142,14 @@ class WaitingAndRunning:
 
 
 class Scheduler(WaitingAndRunning):
-    """Fills each step up to a token budget; the engine's only allocator (cache.reserve, grow and fork)."""
+    """Fills each step up to a token budget; the engine's only allocator (cache.reserve, grow and
+    fork)."""
 
     def __init__(self, cache: KVCache, max_num_seqs: int = 256, max_num_batched_tokens: int = 8192,
                  enable_chunked_prefill: bool = True):
         if max_num_seqs < 1 or max_num_batched_tokens < 1:
-            raise ValueError(f"max_num_seqs and max_num_batched_tokens must be >= 1, got {max_num_seqs} "
-                             f"and {max_num_batched_tokens}")
+            raise ValueError("max_num_seqs and max_num_batched_tokens must be >= 1, got "
+                             f"{max_num_seqs} and {max_num_batched_tokens}")
         super().__init__(cache, max_num_seqs)
         self.max_num_batched_tokens, self.chunked = max_num_batched_tokens, enable_chunked_prefill
 
@@ -144,14 +157,15 @@ class Scheduler(WaitingAndRunning):
         batch = ScheduledBatch()
         try:
             self._fill(batch)
-        except BaseException:  # interrupted halfway (Ctrl-C): no step is taken, so neither are its counts
+        # interrupted halfway (Ctrl-C): no step is taken, so neither are its counts
+        except BaseException:
             self.cancel(batch)
             raise
         return batch
 
     def cancel(self, batch: ScheduledBatch) -> None:
-        """A step that will never be processed: take back what it counted. A completion whose fork copy
-        went with it starts over (the copy's source may be gone by the next step)."""
+        """A step that will never be processed: take back what it counted. A completion whose fork
+        copy went with it starts over (the copy's source may be gone by the next step)."""
         batch.uncount()
         for child in batch.forked:
             if child.status is SequenceStatus.RUNNING:
@@ -160,14 +174,18 @@ class Scheduler(WaitingAndRunning):
 
     def _fill(self, batch: ScheduledBatch) -> None:
         budget = self.max_num_batched_tokens
-        # 0. The other completions (n > 1) of a request whose first token has been processed start now.
+        # 0. The other completions (n > 1) of a request whose first token has been processed start
+        # now.
         for seq in [s for s in self.running if s.forks and s.num_output_tokens > 0]:
             self.start_forks(seq)
-        live = [(child, copy) for child, copy in self.pending_copies if child.status is SequenceStatus.RUNNING]
-        batch.forked, batch.copies, self.pending_copies = [c for c, _ in live], [cp for _, cp in live], []
-        # 1. Running sequences, oldest first: a decode token, or the next chunk of a split prompt. One whose
-        # unprocessed token is its last (max_tokens) has nothing left to compute.
-        queue = deque(s for s in self.running if s.num_output_tokens + s.num_placeholders < s.params.max_tokens)
+        live = [(child, copy) for child, copy in self.pending_copies
+                if child.status is SequenceStatus.RUNNING]
+        batch.forked, batch.copies, self.pending_copies = [c for c, _ in live], [cp
+                for _, cp in live], []
+        # 1. Running sequences, oldest first: a decode token, or the next chunk of a split prompt.
+        # One whose unprocessed token is its last (max_tokens) has nothing left to compute.
+        queue = deque(s for s in self.running if s.num_output_tokens + s.num_placeholders
+                      < s.params.max_tokens)
         while queue and budget > 0:
             seq = queue.popleft()
             n = min(seq.length - seq.num_computed, budget)
@@ -184,10 +202,11 @@ class Scheduler(WaitingAndRunning):
         # 2. Waiting sequences, in order, while budget, sequence cap and blocks allow.
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
-            # Without chunked prefill a prompt goes in whole. (A preempted sequence's recomputation may
-            # still be split: it can have outgrown any budget.) A preempted sequence whose last token
-            # is still a placeholder (async scheduling) waits for it.
-            if seq.num_placeholders or (not self.chunked and not seq.num_preemptions and seq.num_tokens > budget):
+            # Without chunked prefill a prompt goes in whole. (A preempted sequence's recomputation
+            # may still be split: it can have outgrown any budget.) A preempted sequence whose last
+            # token is still a placeholder (async scheduling) waits for it.
+            if seq.num_placeholders \
+                or (not self.chunked and not seq.num_preemptions and seq.num_tokens > budget):
                 break
             try:
                 cached = self.reserve(seq)  # prefix caching: skip what is cached

@@ -17,35 +17,43 @@ class SequenceStatus(Enum):
 
 
 class Sequence(Request):
-    def __init__(self, seq_id: int, prompt_ids: list[int], params, seed: int, eos=(), tokenizer=None, index: int = 0):
+    def __init__(self, seq_id: int, prompt_ids: list[int], params, seed: int, eos=(),
+                 tokenizer=None, index: int = 0):
         super().__init__(seq_id, prompt_ids, params, seed, set(eos), tokenizer)
         self.status = SequenceStatus.WAITING
-        self.num_computed = 0  # leading tokens whose K/V are in the cache, or will be once scheduled steps ran
-        self.num_placeholders = 0  # tokens sampled by scheduled steps, not processed yet (async scheduling)
+        # leading tokens whose K/V are in the cache, or will be once scheduled steps ran
+        self.num_computed = 0
+        # tokens sampled by scheduled steps, not processed yet (async scheduling)
+        self.num_placeholders = 0
         self.num_preemptions = 0
         self.index = index  # which of its request's n completions this is
-        self.forks: list[Sequence] = []  # the request's other completions, until this one's prompt is computed
+        # the request's other completions, until this one's prompt is computed
+        self.forks: list[Sequence] = []
         # logprobs=k: a list of {token: Logprob} per output token, made as it is read
-        texts = tokenizer if params.detokenize else None  # Logprob.decoded_token: None without text, as vLLM's
-        self.logprobs = load("logprobs", "LogprobsList")(params.logprob_token_ids or params.logprobs, texts) \
+        # Logprob.decoded_token: None without text, as vLLM's
+        texts = tokenizer if params.detokenize else None
+        self.logprobs = load("logprobs", "LogprobsList")(params.logprob_token_ids
+                                                         or params.logprobs, texts) \
             if "logprobs" in self.features else None
         self.error: str | None = None  # why it failed alone (finish_reason "error"; LLMEngine.fail)
         self.num_cached_tokens = 0  # of its prompt, found in the prefix cache when first admitted
         # For RequestOutput.metrics (vLLM's RequestMetrics), wall-clock seconds (time.time())
         self.arrival_time, self.first_scheduled_time = time.time(), None
         self.first_token_time = self.last_token_time = None
-        # prompt_logprobs: an entry per prompt token, as steps compute them (the first token has none). The
-        # request's first completion scores the prompt; the others start from its computed prompt.
+        # prompt_logprobs: an entry per prompt token, as steps compute them (the first token has
+        # none). The request's first completion scores the prompt; the others start from its
+        # computed prompt.
         self.prompt_logprobs = [None] if params.prompt_logprobs is not None and index == 0 else None
 
     @property
     def scores_prompt(self) -> bool:
         """Are some of its prompt tokens still to be scored (prompt_logprobs)?"""
-        return self.prompt_logprobs is not None and len(self.prompt_logprobs) < self.num_prompt_tokens
+        return self.prompt_logprobs is not None \
+            and len(self.prompt_logprobs) < self.num_prompt_tokens
 
     def add_prompt_logprobs(self, first: int, entries: list) -> None:
-        """The entries of prompt tokens first, first + 1, ... as a step computed them; those it has already
-        (a prompt recomputed after a preemption) are skipped."""
+        """The entries of prompt tokens first, first + 1, ... as a step computed them; those it has
+        already (a prompt recomputed after a preemption) are skipped."""
         if first <= len(self.prompt_logprobs):
             self.prompt_logprobs += entries[len(self.prompt_logprobs) - first:]
 
@@ -56,5 +64,6 @@ class Sequence(Request):
 
 
 def completion_seed(seed: int, index: int) -> int:
-    """The seed of completion `index` of a request: its own reproducible stream (index 0 keeps the seed)."""
+    """The seed of completion `index` of a request: its own reproducible stream (index 0 keeps the
+    seed)."""
     return (seed + index * 0x9E3779B97F4A7C15) % 2**63  # a large odd step: distinct streams

@@ -10,19 +10,19 @@ over torch.distributed: NCCL between GPUs (rank r on cuda:r), gloo on a CPU (eve
 
 The protocol: rank 0 talks to each worker over its own pipe (multiprocessing's Connection: pickled
 tuples). Rank 0 sends
-    ("kv", measure)                  how many KV blocks fit on your device? measure(device=...) says -> ("kv", n)
-    ("build", num_blocks, runner_args)  allocate your KV pool (the same num_blocks on every rank) and runner
-    ("graphs", sizes)                record your CUDA graphs, for these decode batch sizes
-    ("step", rows, size, copies)     run one forward
-    ("stop",)                        return: destroy the process group and exit
+    ("kv", measure)                  how many KV blocks fit on your device? measure(device=...) says
+    -> ("kv", n) ("build", num_blocks, runner_args)  allocate your KV pool (the same num_blocks on
+    every rank) and runner ("graphs", sizes)                record your CUDA graphs, for these
+    decode batch sizes ("step", rows, size, copies)     run one forward ("stop",)
+    return: destroy the process group and exit
 and a worker sends ("hello",) once started, ("ready",) once its slice is loaded, ("kv", n), and
 ("error", traceback) if anything fails before it exits. A step has no reply: it is answered by
-joining rank 0's collectives. Its `rows` are the rows of rank 0's step-metadata host buffer that this
-step uses (lesson 02's builder: `rows` and `load`): each rank copies them to its own device and runs
-the same forward — lesson 05's ModelRunner.compute, a CUDA graph replay of `size` sequences for decode.
-A step whose input ids include placeholders (lesson 05's async scheduling: tokens rank 0 sampled one
-step ago, still on its GPU) gets them by a broadcast over the device group. `copies`: KV blocks the
-scheduler copies for forks before this step (each rank copies its own heads).
+joining rank 0's collectives. Its `rows` are the rows of rank 0's step-metadata host buffer that
+this step uses (lesson 02's builder: `rows` and `load`): each rank copies them to its own device and
+runs the same forward — lesson 05's ModelRunner.compute, a CUDA graph replay of `size` sequences for
+decode. A step whose input ids include placeholders (lesson 05's async scheduling: tokens rank 0
+sampled one step ago, still on its GPU) gets them by a broadcast over the device group. `copies`: KV
+blocks the scheduler copies for forks before this step (each rank copies its own heads).
 
 Lifecycle. Workers are daemon processes started with `spawn`; they ignore Ctrl-C (rank 0 handles it)
 and exit on ("stop",), or as soon as rank 0's process is gone. In rank 0 a monitor thread waits on
@@ -33,16 +33,17 @@ died. Shutdown (llm.shutdown(), or a finalizer at garbage collection or interpre
 workers, kills those that do not stop within seconds and destroys the process group, so another
 tensor-parallel LLM can start in the same process.
 
-Several machines (section 7, engine/tp_nodes.py): with nnodes > 1 this process is node 0 and holds ranks
-0..L-1 (L = size / nnodes ranks a node); node k, started by `nanoserve serve MODEL --headless`, holds ranks
-kL..kL+L-1 and runs them as this module's workers. Each of them talks to rank 0 over a TCP socket of its own
-instead of a pipe: the same Connection, so the same messages. Rank 0 sees a node go through one more socket
-per node, which that node's process holds (its death closes it). Rank r runs on device r mod L.
+Several machines (section 7, engine/tp_nodes.py): with nnodes > 1 this process is node 0 and holds
+ranks 0..L-1 (L = size / nnodes ranks a node); node k, started by `nanoserve serve MODEL
+--headless`, holds ranks kL..kL+L-1 and runs them as this module's workers. Each of them talks to
+rank 0 over a TCP socket of its own instead of a pipe: the same Connection, so the same messages.
+Rank 0 sees a node go through one more socket per node, which that node's process holds (its death
+closes it). Rank r runs on device r mod L.
 
 `spawn` starts each worker as a fresh Python that imports the main script's module: a script that
-makes a tensor-parallel LLM must do so under `if __name__ == "__main__":` (as with vLLM). A worker builds
-its parts (the model, the graphs) from their import paths (lesson 05's EngineParts): a class defined in a
-notebook cannot reach it.
+makes a tensor-parallel LLM must do so under `if __name__ == "__main__":` (as with vLLM). A worker
+builds its parts (the model, the graphs) from their import paths (lesson 05's EngineParts): a class
+defined in a notebook cannot reach it.
 """
 import gc
 import multiprocessing.connection
@@ -69,29 +70,33 @@ from nanoserve.model.tp_layers import OneShotTPGroup, TPGroup
 
 
 def device_of(device_type: str, local_rank: int) -> torch.device:
-    """A rank's device: the GPU of its place on its machine (cuda:0 for the first rank of a node)."""
+    """A rank's device: the GPU of its place on its machine (cuda:0 for the first rank of a
+    node)."""
     return torch.device("cuda", local_rank) if device_type == "cuda" else torch.device("cpu")
 
 
-def join_group(store, rank: int, size: int, device: torch.device, local_size: int | None = None) -> None:
-    """Join the default process group: NCCL between GPUs, gloo on a CPU. local_size: the ranks on this
-    machine (None: all of them)."""
+def join_group(store, rank: int, size: int, device: torch.device, local_size: int
+               | None = None) -> None:
+    """Join the default process group: NCCL between GPUs, gloo on a CPU. local_size: the ranks on
+    this machine (None: all of them)."""
     if device.type == "cuda":
         torch.cuda.set_device(device)
         dist.init_process_group("nccl", store=store, rank=rank, world_size=size, device_id=device)
     else:
         dist.init_process_group("gloo", store=store, rank=rank, world_size=size)
         # The ranks share the CPU's cores: more threads than cores, and each rank's idle threads
-        # spin while another rank's need the core (a TP=2 step on 2 cores ran ~10x slower). Never more
-        # than the process was given (OMP_NUM_THREADS): two nodes may share one machine, as in the tests.
+        # spin while another rank's need the core (a TP=2 step on 2 cores ran ~10x slower). Never
+        # more than the process was given (OMP_NUM_THREADS): two nodes may share one machine, as in
+        # the tests.
         share = len(os.sched_getaffinity(0)) // (local_size or size)
         torch.set_num_threads(max(1, min(share, torch.get_num_threads())))
 
 
-def tp_group(rank: int, size: int, dtype: torch.dtype, device: torch.device, custom_all_reduce: bool) -> TPGroup:
-    """This rank's place in the group, with its collectives: NCCL's (gloo's on a CPU), or on GPUs, if asked
-    for, the one-shot all-reduce for small messages (section 6). Every rank decides the same (creating a
-    OneShotTPGroup is a collective)."""
+def tp_group(rank: int, size: int, dtype: torch.dtype, device: torch.device,
+             custom_all_reduce: bool) -> TPGroup:
+    """This rank's place in the group, with its collectives: NCCL's (gloo's on a CPU), or on GPUs,
+    if asked for, the one-shot all-reduce for small messages (section 6). Every rank decides the
+    same (creating a OneShotTPGroup is a collective)."""
     if custom_all_reduce and device.type == "cuda":
         return OneShotTPGroup(rank, size, dtype, device)
     return TPGroup(rank, size)
@@ -102,17 +107,19 @@ def tp_group(rank: int, size: int, dtype: torch.dtype, device: torch.device, cus
 
 
 def watch_parent() -> None:
-    """Exit as soon as the parent (rank 0's process, or a headless node's) is gone, even from inside a
-    collective that will never end."""
+    """Exit as soon as the parent (rank 0's process, or a headless node's) is gone, even from inside
+    a collective that will never end."""
     multiprocessing.connection.wait([mp.parent_process().sentinel])
     os._exit(1)
 
 
-def worker_main(rank: int, size: int, conn, store_at: tuple[str, int], path: str, dtype: torch.dtype,
+def worker_main(rank: int, size: int, conn, store_at: tuple[str, int], path: str,
+                dtype: torch.dtype,
                 device_type: str, compiled: bool, custom_all_reduce: bool, parts: dict,
                 local_size: int | None = None) -> None:
-    """A worker process's whole life: join the group, load its slice, then serve rank 0's commands. conn: its
-    pipe or socket to rank 0; store_at: (host, port) of rank 0's TCPStore; local_size: ranks a machine."""
+    """A worker process's whole life: join the group, load its slice, then serve rank 0's commands.
+    conn: its pipe or socket to rank 0; store_at: (host, port) of rank 0's TCPStore; local_size:
+    ranks a machine."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is for rank 0, which then stops us
     threading.Thread(target=watch_parent, daemon=True).start()
     if compiled:  # a daemon process may not start children: torch.compile compiles in this process
@@ -125,7 +132,8 @@ def worker_main(rank: int, size: int, conn, store_at: tuple[str, int], path: str
         store = dist.TCPStore(*store_at, is_master=False, timeout=timedelta(seconds=120))
         join_group(store, rank, size, device, local_size)
         group = tp_group(rank, size, dtype, device, custom_all_reduce)
-        model = load_model(path, dtype, device, import_part(parts["model"]), group=group, compiled=compiled)
+        model = load_model(path, dtype, device, import_part(parts["model"]), group=group,
+                           compiled=compiled)
         conn.send(("ready",))
         serve(conn, model, device, parts)
     except (EOFError, ConnectionError):  # a pipe's end closed, a socket's closed or reset
@@ -149,7 +157,8 @@ def serve(conn, model, device: torch.device, parts: dict) -> None:
         elif kind == "build":
             num_blocks, block_size, kv_dtype, runner_args = args
             cache = PagedKVCache(model.config, num_blocks, block_size, kv_dtype, device)
-            runner = ModelRunner(model, cache, **runner_args)  # no sampler, no scheduler: rank 0 has those
+            # no sampler, no scheduler: rank 0 has those
+            runner = ModelRunner(model, cache, **runner_args)
         elif kind == "graphs":
             sizes, = args
             runner.graphs = import_part(parts["graphs"])(sizes[-1])
@@ -159,7 +168,8 @@ def serve(conn, model, device: torch.device, parts: dict) -> None:
             with torch.inference_mode():
                 meta = runner.builder.load(rows)
                 runner.cache.copy_blocks(copies)
-                if meta.num_carried:  # placeholders: the tokens rank 0 sampled a step ago, still on its device
+                # placeholders: the tokens rank 0 sampled a step ago, still on its device
+                if meta.num_carried:
                     dist.broadcast(meta.input_ids, src=0)
                 runner.compute(meta, size)  # its logits are rank 0's business
         else:
@@ -175,48 +185,57 @@ class TPWorkers:
     deaths, and shuts everything down."""
 
     def __init__(self, path, dtype: torch.dtype, device: torch.device, size: int, compiled: bool,
-                 custom_all_reduce: bool = False, parts: dict | None = None, nodes: dict | None = None):
-        """parts: {"model": ..., "graphs": ...}, import paths of the classes the workers build (spawned:
-        each is a fresh Python, which imports them). nodes: EngineArgs' nnodes, node_rank, master_addr and
-        master_port, for a group over several machines (section 7; None: this machine alone)."""
-        gc.collect()  # a tensor-parallel LLM dropped without shutdown() gives its process group back now
+                 custom_all_reduce: bool = False, parts: dict | None = None, nodes: dict
+                 | None = None):
+        """parts: {"model": ..., "graphs": ...}, import paths of the classes the workers build
+        (spawned: each is a fresh Python, which imports them). nodes: EngineArgs' nnodes, node_rank,
+        master_addr and master_port, for a group over several machines (section 7; None: this
+        machine alone)."""
+        # a tensor-parallel LLM dropped without shutdown() gives its process group back now
+        gc.collect()
         if dist.is_initialized():
             if ABANDONED:
-                raise RuntimeError("an earlier tensor-parallel engine in this process lost a worker, and its "
-                                   "process group could not be torn down: restart Python to start another")
-            raise RuntimeError("torch.distributed is already initialised in this process: shut the other "
-                               "tensor-parallel LLM down first (llm.shutdown())")
+                raise RuntimeError("an earlier tensor-parallel engine in this process lost a "
+                                   "worker, and its process group could not be torn down: restart "
+                                   "Python to start another")
+            raise RuntimeError("torch.distributed is already initialised in this process: shut "
+                               "the other tensor-parallel LLM down first (llm.shutdown())")
         nnodes = nodes["nnodes"] if nodes else 1
         local = size // nnodes  # the ranks of this machine: 0..local-1
         if device.type == "cuda" and (device.index or 0) != 0:
-            raise ValueError(f"with tensor parallelism rank r runs on cuda:r: pass device='cuda', not {device}")
+            raise ValueError("with tensor parallelism rank r runs on cuda:r: pass device='cuda', "
+                             f"not {device}")
         if device.type == "cuda" and torch.cuda.device_count() < local:
-            raise ValueError(f"tensor_parallel_size {size} needs {local} GPUs on this machine; it has "
-                             f"{torch.cuda.device_count()}")
+            raise ValueError(f"tensor_parallel_size {size} needs {local} GPUs on this machine; it "
+                             f"has {torch.cuda.device_count()}")
         self.size, self.device = size, device_of(device.type, 0)
         self.parts = {"model": "nanoserve.model.qwen3_fused:FusedQwen3ForCausalLM",
                       "graphs": "nanoserve.engine.cuda_graphs:CUDAGraphs", **(parts or {})}
         self.failures: list[str] = []  # written by the monitor thread
         self.nodes = None  # the other machines' ranks (section 7), if any
-        if nnodes > 1:  # they join first: the store is theirs too, and a node that cannot join stops us here
+        # they join first: the store is theirs too, and a node that cannot join stops us here
+        if nnodes > 1:
             self.nodes = import_part("nanoserve.engine.tp_nodes:Nodes")(
                 path, dtype, device.type, size, compiled, custom_all_reduce, self.parts, **nodes)
             store, host = self.nodes.store, nodes["master_addr"]
         else:
-            store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)  # port 0: any free port
+            # port 0: any free port
+            store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
             host = "127.0.0.1"
         ctx = mp.get_context("spawn")  # a process that uses CUDA cannot be forked
         self.procs, self.conns = [], []
         for rank in range(1, local):
             ours, theirs = ctx.Pipe()
             proc = ctx.Process(target=worker_main, name=f"nanoserve-tp-rank{rank}", daemon=True,
-                               args=(rank, size, theirs, (host, store.port), str(path), dtype, device.type,
+                               args=(rank, size, theirs, (host, store.port), str(path), dtype,
+                                     device.type,
                                      compiled, custom_all_reduce, self.parts, local))
             proc.start()
             theirs.close()  # the worker's end lives in the worker only: its exit closes the pipe
             self.procs.append(proc)
             self.conns.append(ours)
-        # what to wait on to see worker rank r gone: its process, or the socket of the node that runs it
+        # what to wait on to see worker rank r gone: its process, or the socket of the node that
+        # runs it
         self.deaths = [proc.sentinel for proc in self.procs]
         controls = {}  # a node's socket -> its description, watched by the monitor
         if self.nodes is not None:
@@ -224,24 +243,30 @@ class TPWorkers:
             self.deaths += [self.nodes.control_of(rank) for rank in range(local, size)]
             controls = self.nodes.described()
         self._wake, wake = ctx.Pipe()
-        settled = threading.Event()  # set by the monitor as it returns (after its abort, if it aborts)
-        threading.Thread(target=monitor, args=(self.procs, wake, self.failures, device.type == "cuda", settled,
+        # set by the monitor as it returns (after its abort, if it aborts)
+        settled = threading.Event()
+        threading.Thread(target=monitor,
+                         args=(self.procs, wake, self.failures, device.type == "cuda", settled,
                                                controls), daemon=True).start()
         self.closed = None  # why the group cannot run steps any more, once it cannot
         # shutdown stops the other nodes as it stops the workers: ("stop",) on their sockets too
-        self._finalizer = weakref.finalize(self, stop, self.procs, [*self.conns, *controls], self._wake, settled,
+        self._finalizer = weakref.finalize(self, stop, self.procs, [*self.conns, *controls],
+                                           self._wake, settled,
                                            torch.get_num_threads())
         try:
             try:
                 self.replies("hello")
-            except RuntimeError as e:  # dead before its first word: most often a script without the guard
-                raise RuntimeError(f"{e}. A worker that dies before it starts is most often a script that creates "
-                                   "the LLM at its top level: spawned workers import the main module, so create a "
-                                   "tensor-parallel LLM under `if __name__ == \"__main__\":` (the worker's own "
-                                   "error is in its stderr, above)") from e
+            # dead before its first word: most often a script without the guard
+            except RuntimeError as e:
+                raise RuntimeError(f"{e}. A worker that dies before it starts is most often a "
+                                   "script that creates the LLM at its top level: spawned workers "
+                                   "import the main module, so create a tensor-parallel LLM under "
+                                   "`if __name__ == \"__main__\":` (the worker's own error is in "
+                                   "its stderr, above)") from e
             join_group(store, 0, size, self.device, local)
             group = tp_group(0, size, dtype, self.device, custom_all_reduce)
-            self.model = load_model(path, dtype, self.device, import_part(self.parts["model"]), group=group,
+            self.model = load_model(path, dtype, self.device, import_part(self.parts["model"]),
+                                    group=group,
                                     compiled=compiled)
             self.replies("ready")
         except BaseException:
@@ -259,7 +284,8 @@ class TPWorkers:
                 self.fail(e)
 
     def replies(self, kind: str) -> list:
-        """Each worker's next message, which must be `kind`; a worker that fails or dies meanwhile raises."""
+        """Each worker's next message, which must be `kind`; a worker that fails or dies meanwhile
+        raises."""
         out = []
         for rank, (conn, death) in enumerate(zip(self.conns, self.deaths), 1):
             multiprocessing.connection.wait([conn, death])
@@ -278,26 +304,30 @@ class TPWorkers:
         return out
 
     def fewest_kv_blocks(self, own: int, measure) -> int:
-        """How many KV blocks every rank can hold: the smallest number any rank has room for. measure(device)
-        counts the blocks that fit on a device (every rank's blocks have the same size)."""
+        """How many KV blocks every rank can hold: the smallest number any rank has room for.
+        measure(device) counts the blocks that fit on a device (every rank's blocks have the same
+        size)."""
         self.send(("kv", measure))
         return min([own] + [n for n, in self.replies("kv")])
 
     def build(self, num_blocks: int, block_size: int, kv_dtype: torch.dtype, max_num_seqs: int,
               max_num_batched_tokens: int, max_model_len: int) -> None:
-        """Every worker allocates its KV pool (num_blocks of kv_dtype, as rank 0's) and its model runner."""
+        """Every worker allocates its KV pool (num_blocks of kv_dtype, as rank 0's) and its model
+        runner."""
         self.send(("build", num_blocks, block_size, kv_dtype,
                    dict(max_num_seqs=max_num_seqs, max_model_len=max_model_len,
                         max_num_batched_tokens=max_num_batched_tokens)))
 
     def record_graphs(self, sizes: list[int]) -> None:
-        self.send(("graphs", sizes))  # they record theirs while rank 0 records its own: the collectives meet
+        # they record theirs while rank 0 records its own: the collectives meet
+        self.send(("graphs", sizes))
 
     def send_step(self, rows: dict, size: int | None, copies: list) -> None:
         self.send(("step", rows, size, copies))
 
     def share_inputs(self, meta) -> None:
-        """A step with placeholders: rank 0 has put the tokens it sampled into its input ids; so do the others."""
+        """A step with placeholders: rank 0 has put the tokens it sampled into its input ids; so do
+        the others."""
         if meta.num_carried:
             dist.broadcast(meta.input_ids, src=0)
 
@@ -305,11 +335,13 @@ class TPWorkers:
 
     def check(self) -> None:
         if self.closed is not None:
-            raise RuntimeError(f"this tensor-parallel engine is shut down ({self.closed}); create a new LLM")
+            raise RuntimeError(f"this tensor-parallel engine is shut down ({self.closed}); create "
+                               "a new LLM")
 
     def fail(self, error: BaseException | None):
-        """A step or a message failed: if a worker died, say which (waiting a moment for the monitor to
-        see it); either way the ranks are no longer in step, so shut everything down and raise."""
+        """A step or a message failed: if a worker died, say which (waiting a moment for the monitor
+        to see it); either way the ranks are no longer in step, so shut everything down and
+        raise."""
         deadline = time.monotonic() + 3
         while not self.failures and time.monotonic() < deadline:
             time.sleep(0.01)
@@ -317,7 +349,8 @@ class TPWorkers:
             self.shutdown(f"a step failed on rank 0 ({type(error).__name__})")
             raise error
         reason = self.failures[0] if self.failures else "a worker stopped answering"
-        for conn in self.conns:  # a worker that failed (rather than was killed) said why before exiting
+        # a worker that failed (rather than was killed) said why before exiting
+        for conn in self.conns:
             try:
                 message = conn.recv() if conn.poll() else None
             except (EOFError, OSError):  # closed without a word (a reset, on a kill): killed
@@ -328,8 +361,8 @@ class TPWorkers:
         raise RuntimeError(reason) from error
 
     def wait(self, event: torch.cuda.Event | None) -> None:
-        """Wait for the device to pass `event` (None: a CPU, nothing to wait for), watching the workers:
-        a rank that died would leave the device waiting in a collective forever."""
+        """Wait for the device to pass `event` (None: a CPU, nothing to wait for), watching the
+        workers: a rank that died would leave the device waiting in a collective forever."""
         if event is not None:
             while not event.query():
                 if self.failures:
@@ -346,7 +379,8 @@ class TPWorkers:
 
 def monitor(procs: list, wake, failures: list, abort_on_death: bool, settled: threading.Event,
             controls: dict | None = None) -> None:
-    """The monitor thread: wait until a worker exits or another node goes, or until shutdown wakes it."""
+    """The monitor thread: wait until a worker exits or another node goes, or until shutdown wakes
+    it."""
     try:
         watch(procs, wake, failures, abort_on_death, controls or {})
     finally:
@@ -363,18 +397,21 @@ def watch(procs: list, wake, failures: list, abort_on_death: bool, controls: dic
             try:
                 said = s.recv()
             except (EOFError, OSError):
-                said = ("gone", "its connection closed (its process ended, or its machine is unreachable)")
+                said = ("gone",
+                        "its connection closed (its process ended, or its machine is unreachable)")
             failures.append(f"tensor-parallel {controls[s]} is gone: {said[-1]}")
             continue
         proc = procs[sentinels[s] - 1]
         proc.join()
-        failures.append(f"tensor-parallel worker rank {sentinels[s]} ({proc.name}, pid {proc.pid}) died "
-                        f"(exit code {proc.exitcode})")
-    if abort_on_death and dist.is_initialized():  # NCCL: rank 0's kernels wait for the dead rank; abort ends them
+        failures.append(f"tensor-parallel worker rank {sentinels[s]} ({proc.name}, pid {proc.pid}) "
+                        f"died (exit code {proc.exitcode})")
+    # NCCL: rank 0's kernels wait for the dead rank; abort ends them
+    if abort_on_death and dist.is_initialized():
         dist.distributed_c10d._abort_process_group()
 
 
-ABANDONED: list[bool] = []  # non-empty once a group was left to an abort that did not finish in time
+# non-empty once a group was left to an abort that did not finish in time
+ABANDONED: list[bool] = []
 
 
 def stop(procs: list, conns: list, wake, settled: threading.Event, num_threads: int) -> None:
@@ -388,15 +425,16 @@ def stop(procs: list, conns: list, wake, settled: threading.Event, num_threads: 
     deadline = time.monotonic() + 5
     for proc in procs:
         proc.join(max(0.0, deadline - time.monotonic()))
-        if proc.is_alive():  # stuck, e.g. in a collective rank 0 left: there is nothing left to save
+        # stuck, e.g. in a collective rank 0 left: there is nothing left to save
+        if proc.is_alive():
             proc.kill()
             proc.join()
     for conn in (*conns, wake):
         conn.close()
-    # The monitor may be aborting the group (a worker died): destroying it at the same time can deadlock
-    # (both tear down NCCL's communicators), and an abort leaves it destroyed. On two H200s such an abort
-    # had not finished 30 s after a worker was killed: rank 0 does not wait that long, so that its error
-    # comes within seconds, and leaves the group to the abort.
+    # The monitor may be aborting the group (a worker died): destroying it at the same time can
+    # deadlock (both tear down NCCL's communicators), and an abort leaves it destroyed. On two H200s
+    # such an abort had not finished 30 s after a worker was killed: rank 0 does not wait that long,
+    # so that its error comes within seconds, and leaves the group to the abort.
     if not settled.wait(3):
         ABANDONED.append(True)
     elif dist.is_initialized():

@@ -13,9 +13,9 @@ from nanoserve.kernels.attention import causal_attention
 
 
 def to_cache_dtype(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """x as the cache stores it. A cache may hold a narrower float type than the model computes in (lesson
-    06's fp8 KV cache): a float8 cache saturates, storing values past its largest finite one as that one,
-    where a plain cast may give NaN (float8 e4m3 has no infinity)."""
+    """x as the cache stores it. A cache may hold a narrower float type than the model computes in
+    (lesson 06's fp8 KV cache): a float8 cache saturates, storing values past its largest finite one
+    as that one, where a plain cast may give NaN (float8 e4m3 has no infinity)."""
     if dtype.itemsize == 1:
         top = torch.finfo(dtype).max
         x = x.clamp(-top, top)
@@ -23,64 +23,77 @@ def to_cache_dtype(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 
 def store_kv(k_cache, v_cache, slot_mapping, k, v) -> None:
-    """Write token i's k[i], v[i] into slot slot_mapping[i]; a negative slot means skip (padding)."""
+    """Write token i's k[i], v[i] into slot slot_mapping[i]; a negative slot means skip
+    (padding)."""
     keep = slot_mapping >= 0
-    if not keep.all():  # only padding rows have no slot: the masks (a few ops each) only when there are any
+    # only padding rows have no slot: the masks (a few ops each) only when there are any
+    if not keep.all():
         slot_mapping, k, v = slot_mapping[keep], k[keep], v[keep]
     slots = slot_mapping.long()
     k, v = to_cache_dtype(k, k_cache.dtype), to_cache_dtype(v, v_cache.dtype)
-    if k_cache.dtype.itemsize == 1:  # torch has no index_copy_ for float8: the same bytes, seen as uint8
+    # torch has no index_copy_ for float8: the same bytes, seen as uint8
+    if k_cache.dtype.itemsize == 1:
         k_cache, v_cache, k, v = (t.view(torch.uint8) for t in (k_cache, v_cache, k, v))
-    k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, slots, k)  # the pool seen as one array of slots
+    # the pool seen as one array of slots
+    k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, slots, k)
     v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, slots, v)
 
 
 def gather_kv(cache: torch.Tensor, block_table: torch.Tensor, length: int) -> torch.Tensor:
-    """The first `length` tokens of one sequence, [length, kv_heads, head_dim], read through its block table."""
+    """The first `length` tokens of one sequence, [length, kv_heads, head_dim], read through its
+    block table."""
     block_size = cache.shape[1]
     blocks = block_table[: -(-length // block_size)].long()
     return cache[blocks].flatten(0, 1)[:length]
 
 
 def _rescaled(q, scale):
-    """Our attention functions scale by 1/sqrt(head_dim); another scale equals rescaling q (in float32)."""
+    """Our attention functions scale by 1/sqrt(head_dim); another scale equals rescaling q (in
+    float32)."""
     return q if scale is None else q.float() * (scale * q.shape[-1] ** 0.5)
 
 
-def paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale=None, max_context_len=None):
+def paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale=None,
+                           max_context_len=None):
     """One new token per sequence: q [B, heads, head_dim] -> [B, heads, head_dim]."""
     longest = max_context_len or int(context_lens.max())
-    # gather_kv for the whole batch in one indexing op: [B, blocks, block_size, ...] -> [B, tokens, ...].
-    # A -1 (no block) reads block 0; those slots lie past the row's length, and the mask below hides them.
+    # gather_kv for the whole batch in one indexing op: [B, blocks, block_size, ...] -> [B, tokens,
+    # ...]. A -1 (no block) reads block 0; those slots lie past the row's length, and the mask below
+    # hides them.
     blocks = block_tables[:, : -(-longest // k_cache.shape[1])].clamp(min=0).long()
     shape = (len(blocks), -1, *k_cache.shape[2:])  # [B, blocks * block_size, kv_heads, head_dim]
     flat = blocks.flatten()
     k = k_cache.index_select(0, flat).view(shape)  # index_select: a plain copy of whole blocks
     v = v_cache.index_select(0, flat).view(shape)
-    # Lesson 02's decode_attention, in torch's fused attention: one op where that function runs a dozen (on
-    # a CPU each op's overhead is most of its time; bench/cpu_paged_decode.py times the two).
-    # As there, the group of query heads that shares a kv head is that head's rows of queries: q as
-    # [B, kv_heads, group, head_dim] against K/V [B, kv_heads, tokens, head_dim], no copy per query head.
+    # Lesson 02's decode_attention, in torch's fused attention: one op where that function runs a
+    # dozen (on a CPU each op's overhead is most of its time; bench/cpu_paged_decode.py times the
+    # two). As there, the group of query heads that shares a kv head is that head's rows of queries:
+    # q as [B, kv_heads, group, head_dim] against K/V [B, kv_heads, tokens, head_dim], no copy per
+    # query head.
     B, num_heads, head_dim = q.shape
     kv_heads = k.shape[2]
-    filled = torch.arange(k.shape[1], device=q.device)[None, :] < context_lens[:, None]  # [B, tokens]
+    # [B, tokens]
+    filled = torch.arange(k.shape[1], device=q.device)[None, :] < context_lens[:, None]
     out = torch.nn.functional.scaled_dot_product_attention(
         q.float().view(B, kv_heads, num_heads // kv_heads, head_dim), k.transpose(1, 2).float(),
         v.transpose(1, 2).float(), attn_mask=filled[:, None, None, :], scale=scale)
     return out.reshape(B, num_heads, head_dim).to(q.dtype)
 
 
-def paged_prefill_attention(q, k_cache, v_cache, cu_seqlens_q, context_lens, block_tables, scale=None,
+def paged_prefill_attention(q, k_cache, v_cache, cu_seqlens_q, context_lens, block_tables,
+                            scale=None,
                             max_query_len=None):
     """New tokens of several sequences, flat: q [T, heads, head_dim] -> [T, heads, head_dim].
 
-    Sequence b's new tokens are rows cu_seqlens_q[b]:cu_seqlens_q[b+1]; they are the last tokens of its
-    context_lens[b], so any cached prefix before them is attended to as well.
+    Sequence b's new tokens are rows cu_seqlens_q[b]:cu_seqlens_q[b+1]; they are the last tokens of
+    its context_lens[b], so any cached prefix before them is attended to as well.
     """
     q_scaled, out = _rescaled(q, scale), []
     for b, length in enumerate(context_lens.tolist()):
         start, end = int(cu_seqlens_q[b]), int(cu_seqlens_q[b + 1])
-        k, v = gather_kv(k_cache, block_tables[b], length), gather_kv(v_cache, block_tables[b], length)
+        k, v = gather_kv(k_cache, block_tables[b], length), gather_kv(v_cache, block_tables[b],
+                                                                      length)
         k, v = k.to(q_scaled.dtype), v.to(q_scaled.dtype)  # a cache in another dtype is read as q's
-        out.append(causal_attention(q_scaled[start:end], k, v))  # lesson 01: keys may outnumber queries
+        # lesson 01: keys may outnumber queries
+        out.append(causal_attention(q_scaled[start:end], k, v))
     return torch.cat(out).to(q.dtype)

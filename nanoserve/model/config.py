@@ -14,22 +14,25 @@ REQUIRED_KEYS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attentio
                  "intermediate_size", "rms_norm_eps")
 # The largest open models have about a trillion parameters; a config with ten times that is broken.
 MAX_PARAMETERS = 10**13
-# The longest contexts models are trained for are about 10M tokens; lesson 06 keeps a RoPE table that long.
+# The longest contexts models are trained for are about 10M tokens; lesson 06 keeps a RoPE table
+# that long.
 MAX_POSITIONS = 2**24
 
 
 def checkpoint_file(path, name: str) -> Path:
-    """path / name, a file of the checkpoint directory `path`, unless a symlink leads out of it. A link
-    within the directory is fine, and so is the Hugging Face cache's layout: each file of a snapshot,
-    models--ORG--NAME/snapshots/REV/, links to a blob in the same repo's models--ORG--NAME/blobs/."""
+    """path / name, a file of the checkpoint directory `path`, unless a symlink leads out of it. A
+    link within the directory is fine, and so is the Hugging Face cache's layout: each file of a
+    snapshot, models--ORG--NAME/snapshots/REV/, links to a blob in the same repo's
+    models--ORG--NAME/blobs/."""
     file = Path(path) / name
     root, target = Path(os.path.realpath(path)), Path(os.path.realpath(file))
     allowed = [root]
     if root.parent.name == "snapshots" and root.parent.parent.name.startswith("models--"):
         allowed.append(root.parent.parent / "blobs")
     if not any(target.is_relative_to(place) for place in allowed):
-        raise ValueError(f"{file}: a symlink to {target}, outside the model directory {root}; nanoserve reads "
-                         "a checkpoint only from inside it (or, in the Hugging Face cache, its own blobs)")
+        raise ValueError(f"{file}: a symlink to {target}, outside the model directory {root}; "
+                         "nanoserve reads a checkpoint only from inside it (or, in the Hugging "
+                         "Face cache, its own blobs)")
     return file
 
 
@@ -73,7 +76,8 @@ class ModelConfig:
         if hf.get("attention_bias") or hf.get("mlp_bias"):
             raise ValueError(f"{source}: linear layers with bias are not supported")
         if hf.get("hidden_act", "silu") != "silu":
-            raise ValueError(f"{source}: activation {hf['hidden_act']!r} is not supported (only silu)")
+            raise ValueError(f"{source}: activation {hf['hidden_act']!r} is not supported (only "
+                             "silu)")
         # transformers 5 keeps RoPE settings in `rope_parameters`; older files have `rope_theta`
         # and `rope_scaling` at the top level. We accept both, but only plain RoPE.
         rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
@@ -86,18 +90,21 @@ class ModelConfig:
             raise ValueError(f"{source}: missing required key(s) {', '.join(missing)}")
 
         def positive(key, default=None, kind=int):
-            """hf[key] (or `default` when absent), which must be a positive number of type `kind`."""
+            """hf[key] (or `default` when absent), which must be a positive number of type
+            `kind`."""
             value = default if hf.get(key) is None else hf[key]
             number = int if kind is int else (int, float)
             # bool is an int in Python; a string, a fractional size or 0 means a broken file
             if isinstance(value, bool) or not isinstance(value, number) or value <= 0:
-                raise ValueError(f"{source}: {key} is {value!r}, expected a positive {kind.__name__}")
+                raise ValueError(f"{source}: {key} is {value!r}, expected a positive "
+                                 f"{kind.__name__}")
             return kind(value)
 
         hidden_size, num_heads = positive("hidden_size"), positive("num_attention_heads")
         num_kv_heads = positive("num_key_value_heads", num_heads)
         if num_heads % num_kv_heads:
-            raise ValueError(f"{source}: {num_heads} query heads cannot share {num_kv_heads} key/value heads")
+            raise ValueError(f"{source}: {num_heads} query heads cannot share {num_kv_heads} "
+                             "key/value heads")
         config = cls(
             architecture=arch,
             vocab_size=positive("vocab_size"),
@@ -114,20 +121,26 @@ class ModelConfig:
             qk_norm=SUPPORTED_ARCHITECTURES[arch],
         )
         if config.max_position_embeddings > MAX_POSITIONS:
-            raise ValueError(f"{source}: max_position_embeddings is {config.max_position_embeddings:,}, more "
-                             f"than any model is trained for (nanoserve's limit is {MAX_POSITIONS:,})")
-        if config.num_parameters() > MAX_PARAMETERS:  # refused here, before anyone tries to allocate it
-            raise ValueError(f"{source}: these sizes make {config.num_parameters():.3g} parameters, "
+            raise ValueError(f"{source}: max_position_embeddings is "
+                             f"{config.max_position_embeddings:,}, more "
+                             "than any model is trained for (nanoserve's limit is "
+                             f"{MAX_POSITIONS:,})")
+        # refused here, before anyone tries to allocate it
+        if config.num_parameters() > MAX_PARAMETERS:
+            raise ValueError(f"{source}: these sizes make {config.num_parameters():.3g} "
+                             "parameters, "
                              f"more than any model has (nanoserve's limit is {MAX_PARAMETERS:.0e})")
         return config
 
     def num_parameters(self) -> int:
-        """How many weights the model has, from the sizes alone: the embedding, each layer's attention,
-        MLP and norms, the final norm, and the LM head unless it is the embedding (tied)."""
+        """How many weights the model has, from the sizes alone: the embedding, each layer's
+        attention, MLP and norms, the final norm, and the LM head unless it is the embedding
+        (tied)."""
         h, d = self.hidden_size, self.head_dim
         attention = 2 * h * d * (self.num_heads + self.num_kv_heads)  # q and o; k and v
         mlp = 3 * h * self.intermediate_size  # gate, up, down
-        norms = 2 * h + (2 * d if self.qk_norm else 0)  # before attention and MLP; Qwen3's q and k norms
+        # before attention and MLP; Qwen3's q and k norms
+        norms = 2 * h + (2 * d if self.qk_norm else 0)
         embeddings = self.vocab_size * h * (1 if self.tie_word_embeddings else 2)
         return embeddings + self.num_layers * (attention + mlp + norms) + h
 

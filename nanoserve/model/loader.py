@@ -27,11 +27,13 @@ def default_dtype(device) -> torch.dtype:
 
 
 def open_weights(file: Path, device="cpu"):
-    """safe_open, but a truncated or empty file fails naming itself (safetensors' error does not)."""
+    """safe_open, but a truncated or empty file fails naming itself (safetensors' error does
+    not)."""
     try:
         return safe_open(file, framework="pt", device=str(device))
     except SafetensorError as e:
-        raise ValueError(f"{file}: not a readable safetensors file, truncated or damaged? ({e})") from None
+        raise ValueError(f"{file}: not a readable safetensors file, truncated or damaged? "
+                         f"({e})") from None
 
 
 def available_memory(device) -> int | None:
@@ -44,7 +46,8 @@ def available_memory(device) -> int | None:
         return None
     try:  # Linux's MemAvailable counts the page cache it would drop for us; free pages alone do not
         with open("/proc/meminfo") as f:
-            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
+            return next(int(line.split()[1]) * 1024 for line in f
+                        if line.startswith("MemAvailable:"))
     except (OSError, StopIteration, ValueError):
         pass
     try:
@@ -59,8 +62,8 @@ def check_memory(config: ModelConfig, dtype: torch.dtype, device, source, share:
     needed = config.num_parameters() * dtype.itemsize // share
     free = available_memory(device)
     if free is not None and needed > free:
-        raise ValueError(f"{source}: this model needs {needed / 2**30:.1f} GiB for its weights in {dtype}, "
-                         f"and {device} has {free / 2**30:.1f} GiB available")
+        raise ValueError(f"{source}: this model needs {needed / 2**30:.1f} GiB for its weights in "
+                         f"{dtype}, and {device} has {free / 2**30:.1f} GiB available")
 
 
 def weight_files(path: Path) -> dict[str, Path]:
@@ -74,8 +77,10 @@ def weight_files(path: Path) -> dict[str, Path]:
         # outside the model; where a symlink leads is checkpoint_file's question.
         root = os.path.abspath(path)
         for name, f in weight_map.items():
-            if not isinstance(f, str) or os.path.commonpath([root, os.path.abspath(path / f)]) != root:
-                raise ValueError(f"{index}: tensor {name} points at {f!r}, outside the model directory")
+            if not isinstance(f, str) \
+                or os.path.commonpath([root, os.path.abspath(path / f)]) != root:
+                raise ValueError(f"{index}: tensor {name} points at {f!r}, outside the model "
+                                 "directory")
         shards = {f: checkpoint_file(path, f) for f in sorted(set(weight_map.values()))}
         missing = [f for f, file in shards.items() if not file.is_file()]
         if missing:
@@ -92,9 +97,9 @@ def weight_files(path: Path) -> dict[str, Path]:
 
 
 def files_to_read(path: Path, names, tied: bool) -> dict[Path, list[str]]:
-    """The checkpoint's tensors that a model loads (`names`), grouped by the file that holds them. A tensor
-    the model needs and the checkpoint lacks is an error, and so is one the model does not use (tied: the
-    LM head is the embedding, so a checkpoint need not carry lm_head.weight)."""
+    """The checkpoint's tensors that a model loads (`names`), grouped by the file that holds them. A
+    tensor the model needs and the checkpoint lacks is an error, and so is one the model does not
+    use (tied: the LM head is the embedding, so a checkpoint need not carry lm_head.weight)."""
     where = weight_files(path)
     expected = {n for n in names if not (tied and n == "lm_head.weight")}
     missing = sorted(expected - where.keys())
@@ -102,7 +107,8 @@ def files_to_read(path: Path, names, tied: bool) -> dict[Path, list[str]]:
         raise ValueError(f"{path}: checkpoint lacks {len(missing)} tensors, e.g. {missing[:3]}")
     unexpected = sorted(n for n in where if n not in names and not n.endswith(IGNORED_SUFFIXES))
     if unexpected:
-        raise ValueError(f"{path}: checkpoint has tensors this model does not use, e.g. {unexpected[:3]}")
+        raise ValueError(f"{path}: checkpoint has tensors this model does not use, e.g. "
+                         f"{unexpected[:3]}")
     by_file: dict[Path, list[str]] = {}
     for name in sorted(n for n in where if n in names):
         by_file.setdefault(where[name], []).append(name)
@@ -111,10 +117,11 @@ def files_to_read(path: Path, names, tied: bool) -> dict[Path, list[str]]:
 
 @contextlib.contextmanager
 def no_random_init():
-    """torch.nn.init.normal_ does nothing while the model is built (every tensor is filled from the checkpoint
-    next). On the meta device an init costs no memory, but torch runs nn.Embedding's meta normal_ through
-    Python code that imports torch.compile's machinery, seconds of an eager CPU engine's start spent for
-    nothing. The other inits (uniform_ for nn.Linear) cost nothing there and are left alone."""
+    """torch.nn.init.normal_ does nothing while the model is built (every tensor is filled from the
+    checkpoint next). On the meta device an init costs no memory, but torch runs nn.Embedding's meta
+    normal_ through Python code that imports torch.compile's machinery, seconds of an eager CPU
+    engine's start spent for nothing. The other inits (uniform_ for nn.Linear) cost nothing there
+    and are left alone."""
     saved = torch.nn.init.normal_
     torch.nn.init.normal_ = lambda tensor, *args, **kwargs: tensor
     try:
@@ -123,26 +130,33 @@ def no_random_init():
         torch.nn.init.normal_ = saved
 
 
-def load_model(path, dtype: torch.dtype | None = None, device=None, model_cls=Qwen3ForCausalLM, *, group=None,
+def load_model(path, dtype: torch.dtype | None = None, device=None, model_cls=Qwen3ForCausalLM, *,
+               group=None,
                **model_args) -> Qwen3ForCausalLM:
-    """The model (model_cls: lesson 06 passes its fused model) with the checkpoint's weights, in eval mode.
+    """The model (model_cls: lesson 06 passes its fused model) with the checkpoint's weights, in
+    eval mode.
 
-    group (lesson 07's TPGroup; None: the whole model): `group.shard(model)` cuts the model, still on the meta
-    device, to this rank's share and returns its slice plan, checkpoint name -> (the dimension it is cut along,
-    the first index this rank reads); a name it leaves out is read whole. A cut tensor is read slice by slice
-    (safetensors' get_slice reads only those rows or columns), so no rank reads the whole model."""
+    group (lesson 07's TPGroup; None: the whole model): `group.shard(model)` cuts the model, still
+    on the meta device, to this rank's share and returns its slice plan, checkpoint name -> (the
+    dimension it is cut along, the first index this rank reads); a name it leaves out is read whole.
+    A cut tensor is read slice by slice (safetensors' get_slice reads only those rows or columns),
+    so no rank reads the whole model."""
     path = Path(path)
     if not path.is_dir():
         raise FileNotFoundError(f"{path}: model directory does not exist")
     config = ModelConfig.from_dir(path)
     device = torch.device(device) if device is not None else default_device()
     dtype = dtype or default_dtype(device)
-    share = group.size if group is not None else 1  # a rank of a group holds about 1/size of the weights
-    check_memory(config, dtype, device, path / "config.json", share)  # 100,000 layers fail here, not in a minute
+    # a rank of a group holds about 1/size of the weights
+    share = group.size if group is not None else 1
+    # 100,000 layers fail here, not in a minute
+    check_memory(config, dtype, device, path / "config.json", share)
 
-    with torch.device("meta"), no_random_init():  # shapes only: no memory, no random init to throw away
+    # shapes only: no memory, no random init to throw away
+    with torch.device("meta"), no_random_init():
         model = model_cls(config, **model_args)
-        shapes = {name: tuple(t.shape) for name, t in model.checkpoint_tensors().items()}  # what the config says
+        # what the config says
+        shapes = {name: tuple(t.shape) for name, t in model.checkpoint_tensors().items()}
         plan = group.shard(model) if group is not None else {}
     model = model.to(dtype).to_empty(device=device)
     if config.tie_word_embeddings:  # to_empty breaks the sharing; tie the head again
@@ -156,20 +170,26 @@ def load_model(path, dtype: torch.dtype | None = None, device=None, model_cls=Qw
         for file, names in by_file.items():
             with open_weights(file, device) as f:
                 for name in names:
-                    source, param = f.get_slice(name), params[name]  # a slice reads nothing until indexed
+                    # a slice reads nothing until indexed
+                    source, param = f.get_slice(name), params[name]
                     if tuple(source.get_shape()) != shapes[name]:
-                        raise ValueError(f"{file}: tensor {name} has shape {tuple(source.get_shape())}, "
+                        raise ValueError(f"{file}: tensor {name} has shape "
+                                         f"{tuple(source.get_shape())}, "
                                          f"the config says {shapes[name]}")
                     dim, start = plan.get(name, (None, 0))
                     if dim is None:
                         tensor = f.get_tensor(name)
-                    else:  # this rank's rows (dim 0) or columns (1); the last vocabulary slice may be short
+                    # this rank's rows (dim 0) or columns (1); the last vocabulary slice may be
+                    # short
+                    else:
                         stop = min(start + param.shape[dim], shapes[name][dim])
                         tensor = source[start:stop] if dim == 0 else source[:, start:stop]
-                        param.narrow(dim, stop - start, param.shape[dim] - (stop - start)).zero_()  # padding
+                        # padding
+                        param.narrow(dim, stop - start, param.shape[dim] - (stop - start)).zero_()
                         param = param.narrow(dim, 0, stop - start)
                     if not tensor.is_floating_point():  # copy_ would quietly turn ints into weights
-                        raise ValueError(f"{file}: tensor {name} is {tensor.dtype}, not floating point")
+                        raise ValueError(f"{file}: tensor {name} is {tensor.dtype}, not floating "
+                                         "point")
                     param.copy_(tensor)  # casts to the model's dtype one tensor at a time
                     bar.update()
     bar.close()
@@ -194,36 +214,42 @@ TOKENIZER_FILES = (("tokenizer.json",), ("tokenizer.model",), ("vocab.json", "me
 
 
 def custom_code(path: Path) -> str:
-    """The auto_map entries by which a checkpoint asks transformers to import its own tokenizer code."""
+    """The auto_map entries by which a checkpoint asks transformers to import its own tokenizer
+    code."""
     entries = []
     for name in ("tokenizer_config.json", "config.json"):
         auto_map = read_json(path / name).get("auto_map") if (path / name).is_file() else None
-        if isinstance(auto_map, list):  # tokenizer_config.json's old form: just the [slow, fast] classes
+        # tokenizer_config.json's old form: just the [slow, fast] classes
+        if isinstance(auto_map, list):
             auto_map = {"AutoTokenizer": auto_map}
         refs = auto_map.get("AutoTokenizer") if isinstance(auto_map, dict) else None
         for ref in refs if isinstance(refs, list) else [refs]:
-            if isinstance(ref, str):  # "module.Class", or "org/repo--module.Class" for code in another repo
+            # "module.Class", or "org/repo--module.Class" for code in another repo
+            if isinstance(ref, str):
                 module = ref.split("--")[-1].rpartition(".")[0]
                 entries.append(f"{name} auto_map AutoTokenizer: {ref}, in {module}.py")
     return "; ".join(entries) or "an auto_map entry"
 
 
-# (config.json's model_type, tokenizer_config.json's tokenizer_class) pairs for which AutoTokenizer builds just
-# the named class: Qwen's. AutoTokenizer has rules of its own for others (a LlamaTokenizer whose
-# tokenizer.json is byte-level gets a TokenizersBackend, some model types override the class named), so
-# every other checkpoint still goes through it.
-DIRECT_TOKENIZERS = {("qwen2", "Qwen2Tokenizer"), ("qwen3", "Qwen2Tokenizer"), ("qwen3_moe", "Qwen2Tokenizer")}
+# (config.json's model_type, tokenizer_config.json's tokenizer_class) pairs for which AutoTokenizer
+# builds just the named class: Qwen's. AutoTokenizer has rules of its own for others (a
+# LlamaTokenizer whose tokenizer.json is byte-level gets a TokenizersBackend, some model types
+# override the class named), so every other checkpoint still goes through it.
+DIRECT_TOKENIZERS = {("qwen2", "Qwen2Tokenizer"), ("qwen3", "Qwen2Tokenizer"),
+                     ("qwen3_moe", "Qwen2Tokenizer")}
 
 
 def named_tokenizer_class(path: Path):
-    """The tokenizer class to build directly, without AutoTokenizer, or None to leave the choice to it.
-    Building Qwen's class directly skips AutoTokenizer's import of transformers' model-loading machinery
-    (transformers 5.17 imports scikit-learn there), seconds of a fresh process's start
+    """The tokenizer class to build directly, without AutoTokenizer, or None to leave the choice to
+    it. Building Qwen's class directly skips AutoTokenizer's import of transformers' model-loading
+    machinery (transformers 5.17 imports scikit-learn there), seconds of a fresh process's start
     (bench/tokenizer_load.sh times both ways)."""
     saved = {name: read_json(path / name) if (path / name).is_file() else {}
              for name in ("tokenizer_config.json", "config.json")}
-    name, model_type = saved["tokenizer_config.json"].get("tokenizer_class"), saved["config.json"].get("model_type")
-    if not isinstance(name, str) or (model_type, name.removesuffix("Fast")) not in DIRECT_TOKENIZERS or any(
+    name = saved["tokenizer_config.json"].get("tokenizer_class")
+    model_type = saved["config.json"].get("model_type")
+    if not isinstance(name, str) \
+        or (model_type, name.removesuffix("Fast")) not in DIRECT_TOKENIZERS or any(
             "auto_map" in s for s in saved.values()):
         return None
     import transformers
@@ -236,7 +262,8 @@ def load_tokenizer(path):
     path = Path(path)
     if not path.is_dir():
         raise FileNotFoundError(f"{path}: model directory does not exist")
-    for file in path.iterdir():  # transformers picks the files it reads by name: no link may lead out
+    # transformers picks the files it reads by name: no link may lead out
+    for file in path.iterdir():
         checkpoint_file(path, file.name)
     if not any(all((path / f).is_file() for f in group) for group in TOKENIZER_FILES):
         wanted = " or ".join(" + ".join(group) for group in TOKENIZER_FILES)
@@ -256,9 +283,12 @@ def load_tokenizer(path):
             if (path / name).is_file():
                 read_json(path / name)
         if "trust_remote_code" in str(e):  # its refusal: this tokenizer exists only as that code
-            raise ValueError(f"{path}: this checkpoint's tokenizer exists only as its own Python code "
-                             f"({custom_code(path)}), and nanoserve never runs a checkpoint's own code; a "
-                             "tokenizer.json with a tokenizer_class transformers knows would load") from None
-        if not isinstance(e, (OSError, ValueError)):  # transformers' own checks of config.json, say: one clear line
-            raise ValueError(f"{path}: transformers cannot load this tokenizer ({type(e).__name__}: {e})") from e
+            raise ValueError(f"{path}: this checkpoint's tokenizer exists only as its own Python "
+                             f"code ({custom_code(path)}), and nanoserve never runs a checkpoint's "
+                             "own code; a tokenizer.json with a tokenizer_class transformers "
+                             "knows would load") from None
+        # transformers' own checks of config.json, say: one clear line
+        if not isinstance(e, (OSError, ValueError)):
+            raise ValueError(f"{path}: transformers cannot load this tokenizer "
+                             f"({type(e).__name__}: {e})") from e
         raise

