@@ -208,6 +208,9 @@ def add_serve_parser(sub) -> None:
     serve.add_argument("--reasoning-parser", default=None, metavar="NAME",
                        help="put a chat answer's thinking apart from its content (message.reasoning): qwen3 "
                             "(<think> ... </think>); with it, the chat template's thinking is on by default")
+    serve.add_argument("--data-parallel-size", "-dp", type=_positive_int, default=1, metavar="N",
+                       help="N replicas of the engine (each on GPUs of its own), behind vllm-router on --host and "
+                            "--port (pip install vllm-router)")
     serve.add_argument("--uvicorn-log-level", default="warning",
                        choices=["critical", "error", "warning", "info", "debug", "trace"])
     serve.add_argument("--disable-log-requests", "--disable-log-stats", action="store_true",
@@ -336,6 +339,12 @@ def generate(args) -> int:
 
 
 def serve(args) -> int:
+    if args.data_parallel_size > 1:  # replicas behind a router (serve/data_parallel.py)
+        if args.headless:
+            raise UsageError("--data-parallel-size: replicas need no --headless nodes; give one or the other")
+        from nanoserve.serve.data_parallel import serve_replicas
+
+        return serve_replicas(args)
     if args.headless:  # another node of a tensor-parallel engine: its ranks only, no server (lesson 07)
         from nanoserve.engine.engine_args import EngineArgs
         from nanoserve.engine.tp_nodes import serve_node
@@ -432,6 +441,7 @@ def _fail(args, message: str, code: int) -> int:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)  # usage errors: argparse prints them and exits 2
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # as given: data parallelism's replicas get them
     try:
         return run(args)
     except KeyboardInterrupt:

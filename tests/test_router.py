@@ -186,3 +186,52 @@ def test_a_replica_that_dies_is_drained(replicas, router):
                          ["workers"]), "the router still counts the dead replica healthy", [], seconds=60)
     complete(url, [f"After the loss, request {i}:" for i in range(8)])
     assert served(survivor) - before == 12
+
+
+def test_data_parallel_size_serves_replicas_behind_vllm_router(tmp_path):
+    """`nanoserve serve --data-parallel-size 2`: two replicas on ports of their own, vllm-router (cache-aware) on
+    the server's port. While one replica runs a long request, new prompts go to the other; SIGTERM to the server
+    stops the router and the replicas."""
+    port, log = free_port(), tmp_path / "dp.log"
+    proc = start([sys.executable, "-m", "nanoserve.cli", "serve", MODEL, "--data-parallel-size", "2", "--port",
+                  str(port), "--device", "cpu", "--max-model-len", "2048", "--max-num-seqs", "4",
+                  "--cpu-kv-cache-gib", "0.02"], log)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_for(lambda: healthy_workers(url) == 2, "the router did not see both replicas healthy", [(proc, log)],
+                 seconds=180)
+        workers = [w["url"] for w in httpx.get(f"{url}/workers").json()["workers"]]
+        assert len(workers) == 2 and f"127.0.0.1:{port}" not in " ".join(workers)
+        long_request = {"model": MODEL, "prompt": "Tell a long story.", "max_tokens": 1800, "ignore_eos": True,
+                        "stream": True}
+        with httpx.stream("POST", f"{url}/v1/completions", json=long_request, timeout=60) as stream:
+            lines = stream.iter_lines()
+            next(lines)  # its first token: it runs on one replica
+            busy = [running(w) for w in workers]
+            assert sorted(busy) == [0, 1], busy
+            before = [served(w) for w in workers]
+            complete(url, [f"{word} are" for word in ("Apples", "Quantum", "Zebras", "Violins")])
+            counts = [served(w) - b for w, b in zip(workers, before)]
+            assert counts[busy.index(0)] == 4 and counts[busy.index(1)] == 0, (busy, counts)
+        proc.terminate()  # SIGTERM to `nanoserve serve` alone: it stops what it started
+        assert proc.wait(timeout=30) != 0
+        deadline = time.monotonic() + 30
+        while any(answers(w) for w in workers) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not any(answers(w) for w in workers), log.read_text()[-2000:]
+    finally:
+        stop(proc)
+
+
+def running(url: str) -> int:
+    for line in httpx.get(f"{url}/metrics").text.splitlines():
+        if line.startswith("vllm:num_requests_running{"):
+            return int(float(line.rsplit(" ", 1)[1]))
+    raise KeyError("vllm:num_requests_running")
+
+
+def answers(url: str) -> bool:
+    try:
+        return httpx.get(f"{url}/health", timeout=2).status_code == 200
+    except httpx.TransportError:
+        return False
