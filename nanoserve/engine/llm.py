@@ -500,6 +500,15 @@ class LLM:
             encoded.append((self.tokenizer.decode(ids), ids))
         return self._collect(encoded, sampling_params, use_tqdm)
 
+    def beam_search(self, prompts, params, lora_request=None, use_tqdm: bool = False,
+                    concurrency_limit: int | None = None) -> list:
+        """vLLM's beam search: each prompt's params.beam_width likeliest continuations, as
+        BeamSearchOutputs (features/beam_search.py: rounds of generate calls, beside the engine)."""
+        if lora_request is not None:
+            raise NotImplementedError("lora_request: LoRA adapters are not supported by nanoserve")
+        search = import_part("nanoserve.features.beam_search:beam_search")
+        return search(self, prompts, params, use_tqdm, concurrency_limit)
+
     def stream(self, prompts, sampling_params=None):
         """Yield StreamItems (prompt index, new text, new token id, finished; .completion) as tokens
         are made. A request that failed yields once, with token None and the error as its text.
