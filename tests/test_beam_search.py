@@ -135,3 +135,30 @@ def test_each_round_grows_beam_width_beams_a_prompt_and_concurrency_limit_change
     assert rounds == [2, 4, 4] and sizes == [1, 2, 2, 1, 2, 2]
     assert [[s.tokens for s in o.sequences] for o in together] == [[s.tokens for s in o.sequences]
                                                                     for o in one_by_one]
+
+
+def test_the_server_beam_searches_on_completions(llm):
+    """vLLM's use_beam_search on /v1/completions: n beams a prompt, the best first, their text what follows the
+    prompt, the same beams as LLM.beam_search's; what beam search cannot honour is refused by name."""
+    from fastapi.testclient import TestClient
+
+    from nanoserve.serve.api_server import build_app
+
+    body = {"prompt": [PROMPTS[0], PROMPTS[1], PROMPTS[0]], "n": 2, "max_tokens": 4, "use_beam_search": True,
+            "length_penalty": 0.7}
+    want = llm.beam_search(PROMPTS, BeamSearchParams(beam_width=2, max_tokens=4, length_penalty=0.7))
+    with TestClient(build_app(llm, "tiny")) as client:
+        reply = client.post("/v1/completions", json=body).json()
+        texts = [choice["text"] for choice in sorted(reply["choices"], key=lambda c: c["index"])]
+        for (p, j), text in zip([(p, j) for p in (0, 1, 0) for j in range(2)], texts):
+            beam = want[p].sequences[j]
+            assert text == llm.tokenizer.decode(beam.tokens[len(llm.tokenizer.encode(PROMPTS[p])):])
+        assert texts[0] != texts[1] and texts[:2] == texts[4:]
+        assert reply["usage"]["completion_tokens"] == 6 * 4
+        for extra, param in (({"top_p": 0.5}, "top_p"), ({"stream": True}, "stream"), ({"n": 11}, "n"),
+                             ({"logprobs": 2}, "logprobs")):
+            refused = client.post("/v1/completions", json={**body, **extra})
+            assert refused.status_code == 400 and refused.json()["error"]["param"] == param, refused.json()
+        chat = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "Hi"}],
+                                                         "use_beam_search": True})
+        assert chat.status_code == 400 and chat.json()["error"]["param"] == "use_beam_search"

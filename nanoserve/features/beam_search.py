@@ -54,35 +54,64 @@ def beam_score(beam: BeamSearchSequence, eos: int | None, length_penalty: float)
 
 def beam_search(llm, prompts, params: BeamSearchParams, use_tqdm: bool = False,
                 concurrency_limit: int | None = None) -> list[BeamSearchOutput]:
-    """For each prompt, its params.beam_width best beams. concurrency_limit: at most that many prompts'
-    beams in the engine at once (all of them by default)."""
-    if 2 * params.beam_width > llm.max_logprobs:
-        raise ValueError(f"beam_width {params.beam_width} asks for {2 * params.beam_width} log-probs a token, "
-                         f"over max_logprobs {llm.max_logprobs} (LLM(max_logprobs=...) raises the limit)")
-    encoded = llm._encode(prompts)
+    """For each prompt, its params.beam_width best beams, the text of each its whole text. concurrency_limit:
+    at most that many prompts' beams in the engine at once (all of them by default)."""
+    check_width(params, llm.max_logprobs)
+    encoded, out = llm._encode(prompts), []
     step = max(1, concurrency_limit or len(encoded))
-    out = []
+    one_token = round_params(params)
     for start in range(0, len(encoded), step):
-        out += search([ids for _, ids in encoded[start:start + step]], llm, params, use_tqdm)
+        search = rounds([ids for _, ids in encoded[start:start + step]], params, llm.tokenizer.eos_token_id)
+        asked = next(search)
+        try:
+            while True:
+                outputs = llm.generate([{"prompt_token_ids": tokens} for tokens in asked], one_token,
+                                       use_tqdm=use_tqdm)
+                failed = [o.error for o in outputs if o.error]
+                if failed:
+                    raise RuntimeError(f"beam search: {failed[0]}")
+                asked = search.send([o.outputs[0].logprobs[0] for o in outputs])
+        except StopIteration as done:
+            for beams in done.value:
+                for beam in beams:
+                    beam.text = llm.tokenizer.decode(beam_tokens(beam, 0, params))
+                out.append(BeamSearchOutput(beams))
     return out
 
 
-def search(prompts: list[list[int]], llm, params: BeamSearchParams, use_tqdm: bool) -> list[BeamSearchOutput]:
-    eos, width = llm.tokenizer.eos_token_id, params.beam_width
-    one_token = SamplingParams(max_tokens=1, logprobs=2 * width, temperature=params.temperature, detokenize=False)
+def check_width(params: BeamSearchParams, max_logprobs: int) -> None:
+    if 2 * params.beam_width > max_logprobs:
+        raise ValueError(f"beam_width {params.beam_width} asks for {2 * params.beam_width} log-probs a token, "
+                         f"over max_logprobs {max_logprobs} (LLM(max_logprobs=...) raises the limit)")
+
+
+def round_params(params: BeamSearchParams) -> SamplingParams:
+    """What the engine is asked each round, for each beam: one token, and the likeliest next tokens."""
+    return SamplingParams(max_tokens=1, logprobs=2 * params.beam_width, temperature=params.temperature,
+                          detokenize=False)
+
+
+def beam_tokens(beam: BeamSearchSequence, start: int, params: BeamSearchParams) -> list[int]:
+    """The beam's tokens from `start` on, for its text: a final end-of-text token only if
+    include_stop_str_in_output."""
+    end = len(beam.tokens) - (beam.finish_reason == "stop" and not params.include_stop_str_in_output)
+    return beam.tokens[start:end]
+
+
+def rounds(prompts: list[list[int]], params: BeamSearchParams, eos: int | None):
+    """The search, apart from how the engine is asked (LLM.generate here, the server's engine in lesson 08): a
+    generator that yields each round's beams (token lists) and is sent, for each, its next token's
+    {token: log-probability} candidates; it returns each prompt's best beams, the best first."""
+    width, score = params.beam_width, lambda beam: beam_score(beam, eos, params.length_penalty)
     live = [[BeamSearchSequence(list(ids))] for ids in prompts]
     done: list[list[BeamSearchSequence]] = [[] for _ in prompts]
     for _ in range(params.max_tokens):
         beams = [(p, beam) for p, beams in enumerate(live) for beam in beams]
         if not beams:
             break
-        outputs = llm.generate([{"prompt_token_ids": beam.tokens} for _, beam in beams], one_token,
-                               use_tqdm=use_tqdm)
+        answers = yield [beam.tokens for _, beam in beams]
         grown: list[list[BeamSearchSequence]] = [[] for _ in prompts]
-        for (p, beam), output in zip(beams, outputs):
-            if output.error:
-                raise RuntimeError(f"beam search, prompt {p}: {output.error}")
-            candidates = output.outputs[0].logprobs[0]
+        for (p, beam), candidates in zip(beams, answers):
             for token, logprob in candidates.items():
                 child = BeamSearchSequence(beam.tokens + [token], beam.logprobs + [candidates],
                                            beam.cum_logprob + float(logprob))
@@ -91,16 +120,8 @@ def search(prompts: list[list[int]], llm, params: BeamSearchParams, use_tqdm: bo
                     done[p].append(child)
                 else:
                     grown[p].append(child)
-        live = [sorted(g, key=lambda b: beam_score(b, eos, params.length_penalty), reverse=True)[:width]
-                for g in grown]
-    results = []
-    for p, ids in enumerate(prompts):
-        best = sorted(done[p] + live[p], key=lambda b: beam_score(b, eos, params.length_penalty),
-                      reverse=True)[:width]
-        for beam in best:
-            beam.finish_reason = beam.finish_reason or "length"
-            keep = beam.tokens if beam.finish_reason == "length" or params.include_stop_str_in_output \
-                else beam.tokens[:-1]
-            beam.text = llm.tokenizer.decode(keep)
-        results.append(BeamSearchOutput(best))
-    return results
+        live = [sorted(g, key=score, reverse=True)[:width] for g in grown]
+    best = [sorted(d + l, key=score, reverse=True)[:width] for d, l in zip(done, live)]
+    for beam in (beam for beams in best for beam in beams):
+        beam.finish_reason = beam.finish_reason or "length"
+    return best

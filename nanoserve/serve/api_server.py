@@ -56,15 +56,15 @@ from nanoserve.serve.async_engine import (AsyncEngine, EngineStopped, QueueFull,
                                           RequestStream)
 from nanoserve.serve.chat_template import TemplateRefused, TemplateWorkers, check_variables, render
 from nanoserve.serve.metrics import ServerMetrics
-from nanoserve.serve.protocol import (BadRequest, ChatCompletionRequest, CompletionRequest,
-                                      DetokenizeRequest, SamplingRequest, TokenizeRequest,
-                                      ToolCallText, chat_logprobs, chat_response, check_limits,
-                                      chunk, completion_logprobs, completion_response, conversation,
-                                      error_body, ignored_fields, message_text, new_id, parse_body,
-                                      parse_tool_calls, prompt_logprobs_json, refuse_misplaced,
-                                      request_metrics, sampling_params, sse, stream_usage,
-                                      structured_output_spec, tool_call_grammar, tool_call_tokens,
-                                      tool_choice, usage)
+from nanoserve.serve.protocol import (BEAM_SEARCH_REFUSES, BadRequest, ChatCompletionRequest,
+                                      CompletionRequest, DetokenizeRequest, SamplingRequest,
+                                      TokenizeRequest, ToolCallText, chat_logprobs, chat_response,
+                                      check_limits, chunk, completion_logprobs, completion_response,
+                                      conversation, error_body, ignored_fields, message_text,
+                                      new_id, parse_body, parse_tool_calls, prompt_logprobs_json,
+                                      refuse_misplaced, refuse_unsupported, request_metrics,
+                                      sampling_params, sse, stream_usage, structured_output_spec,
+                                      tool_call_grammar, tool_call_tokens, tool_choice, usage)
 from nanoserve.serve.reasoning import (Qwen3Reasoning, REASONING_PARSERS, ReasoningText,
                                        thinking_grammar)
 from nanoserve.serve.responses import (ResponseEvents, ResponsesRequest, chat_body, item_id,
@@ -620,6 +620,8 @@ def build_app(llm, model_name: str, max_waiting_requests: int = 256, api_key: st
     async def completions(body: CompletionRequest, request: Request):
         check_request(body)
         check_limits(body, max_logprobs, vocab_size)
+        if body.use_beam_search:
+            return await beam_search_completions(body, request)
         prompts = body.prompt if isinstance(body.prompt, list) and body.prompt and not isinstance(body.prompt[0], int) \
             else [body.prompt]  # a batch: a list of strings, or of token-id lists
         if body.echo and body.stream:
@@ -661,6 +663,56 @@ def build_app(llm, model_name: str, max_waiting_requests: int = 256, api_key: st
                 stream.abort()
             raise
         return await answer(request, completion_json, body, request_id, streams, texts)
+
+    async def beam_search_completions(body: CompletionRequest, request: Request) -> JSONResponse:
+        """vLLM's use_beam_search: n beams a prompt, each a choice (the best first), its text what follows the
+        prompt. features/beam_search.py's rounds, each beam of a round one request of the engine. Beam search
+        follows the log-probabilities alone: a field that would change how tokens are drawn is refused."""
+        from nanoserve.features import beam_search as search
+
+        refuse_unsupported(body, allowed=("use_beam_search", "length_penalty"))
+        given = [name for name in BEAM_SEARCH_REFUSES if name in body.model_fields_set
+                 and getattr(body, name) not in (None, False, [], {})]
+        if given:
+            raise BadRequest(f"{given[0]} cannot be combined with use_beam_search", given[0])
+        try:
+            params = search.BeamSearchParams(
+                beam_width=body.n, max_tokens=16 if body.max_tokens is None else body.max_tokens,
+                ignore_eos=body.ignore_eos, length_penalty=1.0 if body.length_penalty is None else body.length_penalty,
+                temperature=body.temperature if "temperature" in body.model_fields_set else 0.0,
+                include_stop_str_in_output=body.include_stop_str_in_output)
+            search.check_width(params, max_logprobs)
+        except ValueError as e:
+            raise BadRequest(f"n: beam search's width: {e}", "n") from None
+        prompts = body.prompt if isinstance(body.prompt, list) and body.prompt and not isinstance(body.prompt[0], int) \
+            else [body.prompt]
+        ids = [await encode(p, "prompt") if isinstance(p, str) else p for p in prompts]
+        rounds, one_token, streams = search.rounds(ids, params, tokenizer.eos_token_id), search.round_params(params), []
+        try:
+            asked = next(rounds)
+            while True:
+                streams = [await start(request, tokens, one_token, stream_text=False) for tokens in asked]
+                for stream in streams:
+                    await wait_for_all(stream, request)
+                asked = rounds.send([stream.seqs[0].logprobs[0] for stream in streams])
+        except StopIteration as done:
+            best = done.value
+        except ClientGone:
+            for stream in streams:
+                stream.abort()
+            return Response(status_code=499)
+        except BaseException:
+            for stream in streams:
+                stream.abort()
+            raise
+        choices = [{"index": p * body.n + j, "logprobs": None, "finish_reason": beam.finish_reason,
+                    "stop_reason": beam.stop_reason,
+                    "text": tokenizer.decode(search.beam_tokens(beam, len(ids[p]), params),
+                                             skip_special_tokens=body.skip_special_tokens)}
+                   for p, beams in enumerate(best) for j, beam in enumerate(beams)]
+        generated = sum(len(beam.tokens) - len(ids[p]) for p, beams in enumerate(best) for beam in beams)
+        return JSONResponse(completion_response(response_id("cmpl", body, request), model_name, choices,
+                                                sum(map(len, ids)), generated))
 
     def completion_json(body, request_id: str, streams: list[RequestStream], texts: list) -> dict:
         choices, token_ids, named = [], bool(body.return_token_ids), as_ids(body)

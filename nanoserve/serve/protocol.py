@@ -56,7 +56,8 @@ class StreamOptions(RequestModel):
 REFUSED = {
     "best_of": "best_of (more candidates than n, keeping the likeliest) is not supported",
     "suffix": "suffix (insertion: text after the completion) is not supported",
-    "use_beam_search": "beam search is not supported", "length_penalty": "length_penalty (beam search) is not supported",
+    "use_beam_search": "beam search is served on /v1/completions only",
+    "length_penalty": "length_penalty goes with use_beam_search, on /v1/completions only",
     "guided_decoding_backend": "guided_decoding_backend: this server's structured outputs use llguidance only",
     "guided_whitespace_pattern": "guided_whitespace_pattern is not supported (JSON's whitespace is one space at most)",
     "functions": "function calling is not supported", "function_call": "function calling is not supported",
@@ -224,14 +225,20 @@ def refuse_misplaced(request: SamplingRequest) -> None:
             raise BadRequest(f"{name} is a field of {path}, not of this endpoint", name)
 
 
-def refuse_unsupported(request: SamplingRequest) -> None:
-    """BadRequest for the first known-but-unsupported field that would do something."""
-    for name, value in [(name, getattr(request, name, None)) for name in REFUSED]:
+def refuse_unsupported(request: SamplingRequest, allowed: tuple = ()) -> None:
+    """BadRequest for the first known-but-unsupported field that would do something (but those allowed)."""
+    for name, value in [(name, getattr(request, name, None)) for name in REFUSED if name not in allowed]:
         if value is None or value in DOES_NOTHING.get(name, ()) or (name == "best_of" and value == request.n):
             continue
         raise BadRequest(f"{name}: {REFUSED[name]}", name)
 
 
+# What beam search (use_beam_search, /v1/completions) cannot honour: it follows the log-probabilities alone
+BEAM_SEARCH_REFUSES = ("top_p", "top_k", "min_p", "seed", "stop", "stop_token_ids", "presence_penalty",
+                       "frequency_penalty", "repetition_penalty", "logit_bias", "min_tokens", "allowed_token_ids",
+                       "bad_words", "logprobs", "prompt_logprobs", "logprob_token_ids", "echo", "stream",
+                       "truncate_prompt_tokens", "response_format", "structured_outputs", "guided_json",
+                       "guided_regex", "guided_choice", "guided_grammar")
 MAX_N = 128  # completions per request, OpenAI's cap: each one is a sequence in the batch
 MAX_JSON_DEPTH = 64  # a real request nests a few levels; JSON far deeper only tests the parser's stack
 
