@@ -137,9 +137,10 @@ def test_each_round_grows_beam_width_beams_a_prompt_and_concurrency_limit_change
                                                                     for o in one_by_one]
 
 
-def test_the_server_beam_searches_on_completions(llm):
-    """vLLM's use_beam_search on /v1/completions: n beams a prompt, the best first, their text what follows the
-    prompt, the same beams as LLM.beam_search's; what beam search cannot honour is refused by name."""
+def test_the_server_beam_searches_on_completions_and_chats(llm):
+    """vLLM's use_beam_search: on /v1/completions n beams a prompt, the best first, their text what follows the
+    prompt, the same beams as LLM.beam_search's; on a chat, n beams as messages; what beam search cannot honour
+    is refused by name."""
     from fastapi.testclient import TestClient
 
     from nanoserve.serve.api_server import build_app
@@ -159,6 +160,10 @@ def test_the_server_beam_searches_on_completions(llm):
                              ({"logprobs": 2}, "logprobs")):
             refused = client.post("/v1/completions", json={**body, **extra})
             assert refused.status_code == 400 and refused.json()["error"]["param"] == param, refused.json()
-        chat = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "Hi"}],
-                                                         "use_beam_search": True})
-        assert chat.status_code == 400 and chat.json()["error"]["param"] == "use_beam_search"
+        chat = {"messages": [{"role": "user", "content": "Hi"}], "use_beam_search": True, "n": 2, "max_tokens": 3}
+        choices = client.post("/v1/chat/completions", json=chat).json()["choices"]
+        assert [c["index"] for c in choices] == [0, 1] and choices[0]["message"]["content"] != \
+            choices[1]["message"]["content"] and all(c["finish_reason"] == "length" for c in choices)
+        tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+        refused = client.post("/v1/chat/completions", json={**chat, "tools": tools})
+        assert refused.status_code == 400 and refused.json()["error"]["param"] == "tools"

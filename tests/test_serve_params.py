@@ -107,8 +107,8 @@ CASES = [(endpoint, name) for endpoint, schema in (("completions", completion_cr
 def test_each_field_works_or_is_refused_by_name(client, endpoint, name):
     value = {**OPENAI_VALUES, **VLLM_VALUES}[name]
     reply = client.post(f"/v1/{endpoint}", json=body_for(endpoint, name, value))
-    if name in WORKS or name in NO_EFFECT_ON_OUTPUT or (name, endpoint) in (("echo", "completions"),
-                                                                              ("use_beam_search", "completions")):
+    if name in WORKS or name in NO_EFFECT_ON_OUTPUT or name == "use_beam_search" or \
+            (name, endpoint) == ("echo", "completions"):
         assert reply.status_code == 200, reply.text
     else:
         assert reply.status_code == 400, (name, reply.text)

@@ -664,29 +664,33 @@ def build_app(llm, model_name: str, max_waiting_requests: int = 256, api_key: st
             raise
         return await answer(request, completion_json, body, request_id, streams, texts)
 
-    async def beam_search_completions(body: CompletionRequest, request: Request) -> JSONResponse:
-        """vLLM's use_beam_search: n beams a prompt, each a choice (the best first), its text what follows the
-        prompt. features/beam_search.py's rounds, each beam of a round one request of the engine. Beam search
-        follows the log-probabilities alone: a field that would change how tokens are drawn is refused."""
+    def beam_search_params(body, max_tokens: int):
+        """vLLM's use_beam_search: n beams a prompt (features/beam_search.py). Beam search follows the
+        log-probabilities alone: a field that would change how tokens are drawn is refused by name."""
         from nanoserve.features import beam_search as search
 
-        refuse_unsupported(body, allowed=("use_beam_search", "length_penalty"))
+        refuse_unsupported(body, allowed=("length_penalty",))
         given = [name for name in BEAM_SEARCH_REFUSES if name in body.model_fields_set
-                 and getattr(body, name) not in (None, False, [], {})]
+                 and getattr(body, name, None) not in (None, False, [], {})]
         if given:
             raise BadRequest(f"{given[0]} cannot be combined with use_beam_search", given[0])
         try:
             params = search.BeamSearchParams(
-                beam_width=body.n, max_tokens=16 if body.max_tokens is None else body.max_tokens,
-                ignore_eos=body.ignore_eos, length_penalty=1.0 if body.length_penalty is None else body.length_penalty,
+                beam_width=body.n, max_tokens=max_tokens, ignore_eos=body.ignore_eos,
+                length_penalty=1.0 if body.length_penalty is None else body.length_penalty,
                 temperature=body.temperature if "temperature" in body.model_fields_set else 0.0,
                 include_stop_str_in_output=body.include_stop_str_in_output)
             search.check_width(params, max_logprobs)
         except ValueError as e:
             raise BadRequest(f"n: beam search's width: {e}", "n") from None
-        prompts = body.prompt if isinstance(body.prompt, list) and body.prompt and not isinstance(body.prompt[0], int) \
-            else [body.prompt]
-        ids = [await encode(p, "prompt") if isinstance(p, str) else p for p in prompts]
+        return params
+
+    async def beam_search(request: Request, ids: list[list[int]], params,
+                          skip_special_tokens: bool) -> list[list[tuple[str, object]]]:
+        """Each prompt's best beams, as (the text after the prompt, the beam): features/beam_search.py's
+        rounds, each beam of a round one request of the engine."""
+        from nanoserve.features import beam_search as search
+
         rounds, one_token, streams = search.rounds(ids, params, tokenizer.eos_token_id), search.round_params(params), []
         try:
             asked = next(rounds)
@@ -697,20 +701,26 @@ def build_app(llm, model_name: str, max_waiting_requests: int = 256, api_key: st
                 asked = rounds.send([stream.seqs[0].logprobs[0] for stream in streams])
         except StopIteration as done:
             best = done.value
-        except ClientGone:
-            for stream in streams:
-                stream.abort()
-            return Response(status_code=499)
-        except BaseException:
+        except BaseException:  # the client gone (ClientGone), or a failure: this round's requests end
             for stream in streams:
                 stream.abort()
             raise
-        choices = [{"index": p * body.n + j, "logprobs": None, "finish_reason": beam.finish_reason,
-                    "stop_reason": beam.stop_reason,
-                    "text": tokenizer.decode(search.beam_tokens(beam, len(ids[p]), params),
-                                             skip_special_tokens=body.skip_special_tokens)}
-                   for p, beams in enumerate(best) for j, beam in enumerate(beams)]
-        generated = sum(len(beam.tokens) - len(ids[p]) for p, beams in enumerate(best) for beam in beams)
+        return [[(tokenizer.decode(search.beam_tokens(beam, len(ids[p]), params),
+                                   skip_special_tokens=skip_special_tokens), beam) for beam in beams]
+                for p, beams in enumerate(best)]
+
+    async def beam_search_completions(body: CompletionRequest, request: Request) -> Response:
+        params = beam_search_params(body, 16 if body.max_tokens is None else body.max_tokens)
+        prompts = body.prompt if isinstance(body.prompt, list) and body.prompt and not isinstance(body.prompt[0], int) \
+            else [body.prompt]
+        ids = [await encode(p, "prompt") if isinstance(p, str) else p for p in prompts]
+        try:
+            best = await beam_search(request, ids, params, body.skip_special_tokens)
+        except ClientGone:
+            return Response(status_code=499)
+        choices = [{"index": p * body.n + j, "text": text, "logprobs": None, "finish_reason": beam.finish_reason,
+                    "stop_reason": beam.stop_reason} for p, beams in enumerate(best) for j, (text, beam) in enumerate(beams)]
+        generated = sum(len(beam.tokens) - len(ids[p]) for p, beams in enumerate(best) for _, beam in beams)
         return JSONResponse(completion_response(response_id("cmpl", body, request), model_name, choices,
                                                 sum(map(len, ids)), generated))
 
@@ -791,6 +801,8 @@ def build_app(llm, model_name: str, max_waiting_requests: int = 256, api_key: st
 
     @v1.post("/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request):
+        if body.use_beam_search:
+            return await beam_search_chat(body, request)
         stream, tools, thinking = await start_chat(body, request)
         request_id = response_id("chatcmpl", body, request)
         if body.stream:
@@ -800,6 +812,28 @@ def build_app(llm, model_name: str, max_waiting_requests: int = 256, api_key: st
         except ClientGone:
             return Response(status_code=499)
         return await answer(request, chat_json, body, request_id, stream, tools, thinking)
+
+    async def beam_search_chat(body: ChatCompletionRequest, request: Request) -> Response:
+        """use_beam_search on a chat: its n beams are the choices (with a reasoning parser, each its thinking
+        apart)."""
+        check_request(body)
+        check_limits(body, max_logprobs, vocab_size)
+        if not body.messages:
+            raise BadRequest("messages must not be empty", "messages")
+        prompt_ids = await chat_prompt(conversation(body.messages), body)
+        most = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
+        params = beam_search_params(body, most if most is not None else llm.max_model_len - len(prompt_ids))
+        try:
+            best = (await beam_search(request, [prompt_ids], params, body.skip_special_tokens))[0]
+        except ClientGone:
+            return Response(status_code=499)
+        thinking = reasoning.thinks_first(prompt_ids) if reasoning is not None else None
+        choices = [{"index": j, "message": chat_message(body, text, None, thinking), "logprobs": None,
+                    "finish_reason": beam.finish_reason, "stop_reason": beam.stop_reason}
+                   for j, (text, beam) in enumerate(best)]
+        generated = sum(len(beam.tokens) - len(prompt_ids) for _, beam in best)
+        return JSONResponse(chat_response(response_id("chatcmpl", body, request), model_name, choices,
+                                          len(prompt_ids), generated))
 
     def chat_message(body, text: str, tools: str | None, thinking: bool | None) -> dict:
         """A whole answer's message: with a reasoning parser its thinking apart (ReasoningText, as a stream

@@ -56,8 +56,7 @@ class StreamOptions(RequestModel):
 REFUSED = {
     "best_of": "best_of (more candidates than n, keeping the likeliest) is not supported",
     "suffix": "suffix (insertion: text after the completion) is not supported",
-    "use_beam_search": "beam search is served on /v1/completions only",
-    "length_penalty": "length_penalty goes with use_beam_search, on /v1/completions only",
+    "length_penalty": "length_penalty goes with use_beam_search",
     "guided_decoding_backend": "guided_decoding_backend: this server's structured outputs use llguidance only",
     "guided_whitespace_pattern": "guided_whitespace_pattern is not supported (JSON's whitespace is one space at most)",
     "functions": "function calling is not supported", "function_call": "function calling is not supported",
@@ -69,7 +68,7 @@ REFUSED = {
     "spaces_between_special_tokens": "spaces_between_special_tokens=false is not supported",
     "moderation": "moderation is not supported",
 }
-DOES_NOTHING = {"use_beam_search": (False,), "length_penalty": (1.0,), "guided_decoding_backend": ("auto", "guidance"),
+DOES_NOTHING = {"length_penalty": (1.0,), "guided_decoding_backend": ("auto", "guidance"),
                 "modalities": (["text"],), "priority": (0,),
                 "spaces_between_special_tokens": (True,)}
 
@@ -233,12 +232,12 @@ def refuse_unsupported(request: SamplingRequest, allowed: tuple = ()) -> None:
         raise BadRequest(f"{name}: {REFUSED[name]}", name)
 
 
-# What beam search (use_beam_search, /v1/completions) cannot honour: it follows the log-probabilities alone
+# What beam search (use_beam_search) cannot honour: it follows the log-probabilities alone
 BEAM_SEARCH_REFUSES = ("top_p", "top_k", "min_p", "seed", "stop", "stop_token_ids", "presence_penalty",
                        "frequency_penalty", "repetition_penalty", "logit_bias", "min_tokens", "allowed_token_ids",
                        "bad_words", "logprobs", "prompt_logprobs", "logprob_token_ids", "echo", "stream",
                        "truncate_prompt_tokens", "response_format", "structured_outputs", "guided_json",
-                       "guided_regex", "guided_choice", "guided_grammar")
+                       "guided_regex", "guided_choice", "guided_grammar", "top_logprobs", "tools")
 MAX_N = 128  # completions per request, OpenAI's cap: each one is a sequence in the batch
 MAX_JSON_DEPTH = 64  # a real request nests a few levels; JSON far deeper only tests the parser's stack
 
