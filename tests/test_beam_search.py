@@ -157,7 +157,7 @@ def test_the_server_beam_searches_on_completions_and_chats(llm):
         assert texts[0] != texts[1] and texts[:2] == texts[4:]
         assert reply["usage"]["completion_tokens"] == 6 * 4
         for extra, param in (({"top_p": 0.5}, "top_p"), ({"stream": True}, "stream"), ({"n": 11}, "n"),
-                             ({"logprobs": 2}, "logprobs")):
+                             ({"logprobs": 2}, "logprobs"), ({"return_token_ids": True}, "return_token_ids")):
             refused = client.post("/v1/completions", json={**body, **extra})
             assert refused.status_code == 400 and refused.json()["error"]["param"] == param, refused.json()
         chat = {"messages": [{"role": "user", "content": "Hi"}], "use_beam_search": True, "n": 2, "max_tokens": 3}

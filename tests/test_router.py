@@ -14,6 +14,8 @@ import httpx
 import openai
 import pytest
 
+from nanoserve.serve.data_parallel import healthy
+
 ROUTER = shutil.which("vllm-router", path=os.pathsep.join([str(Path(sys.executable).parent),
                                                             os.environ.get("PATH", "")]))
 if ROUTER is None:
@@ -68,11 +70,16 @@ def served(url: str) -> int:
                    if line.startswith("nanoserve:request_success_total{")))
 
 
-def cache_hits(url: str) -> int:
+def metric(url: str, name: str) -> int:
+    """One series of a replica's /metrics (the first of that name)."""
     for line in httpx.get(f"{url}/metrics").text.splitlines():
-        if line.startswith("nanoserve:prefix_cache_hits_total{"):
+        if line.startswith(name + "{"):
             return int(float(line.rsplit(" ", 1)[1]))
-    raise KeyError("nanoserve:prefix_cache_hits_total")
+    raise KeyError(name)
+
+
+def cache_hits(url: str) -> int:
+    return metric(url, "nanoserve:prefix_cache_hits_total")
 
 
 def healthy_workers(router_url: str) -> int:
@@ -207,7 +214,7 @@ def test_data_parallel_size_serves_replicas_behind_vllm_router(tmp_path):
         with httpx.stream("POST", f"{url}/v1/completions", json=long_request, timeout=60) as stream:
             lines = stream.iter_lines()
             next(lines)  # its first token: it runs on one replica
-            busy = [running(w) for w in workers]
+            busy = [metric(w, "vllm:num_requests_running") for w in workers]
             assert sorted(busy) == [0, 1], busy
             before = [served(w) for w in workers]
             complete(url, [f"{word} are" for word in ("Apples", "Quantum", "Zebras", "Violins")])
@@ -216,22 +223,8 @@ def test_data_parallel_size_serves_replicas_behind_vllm_router(tmp_path):
         proc.terminate()  # SIGTERM to `nanoserve serve` alone: it stops what it started
         assert proc.wait(timeout=30) != 0
         deadline = time.monotonic() + 30
-        while any(answers(w) for w in workers) and time.monotonic() < deadline:
+        while any(healthy(w) for w in workers) and time.monotonic() < deadline:
             time.sleep(0.2)
-        assert not any(answers(w) for w in workers), log.read_text()[-2000:]
+        assert not any(healthy(w) for w in workers), log.read_text()[-2000:]
     finally:
         stop(proc)
-
-
-def running(url: str) -> int:
-    for line in httpx.get(f"{url}/metrics").text.splitlines():
-        if line.startswith("vllm:num_requests_running{"):
-            return int(float(line.rsplit(" ", 1)[1]))
-    raise KeyError("vllm:num_requests_running")
-
-
-def answers(url: str) -> bool:
-    try:
-        return httpx.get(f"{url}/health", timeout=2).status_code == 200
-    except httpx.TransportError:
-        return False

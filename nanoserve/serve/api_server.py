@@ -56,15 +56,16 @@ from nanoserve.serve.async_engine import (AsyncEngine, EngineStopped, QueueFull,
                                           RequestStream)
 from nanoserve.serve.chat_template import TemplateRefused, TemplateWorkers, check_variables, render
 from nanoserve.serve.metrics import ServerMetrics
-from nanoserve.serve.protocol import (BEAM_SEARCH_REFUSES, BadRequest, ChatCompletionRequest,
-                                      CompletionRequest, DetokenizeRequest, SamplingRequest,
-                                      TokenizeRequest, ToolCallText, chat_logprobs, chat_response,
-                                      check_limits, chunk, completion_logprobs, completion_response,
-                                      conversation, error_body, ignored_fields, message_text,
-                                      new_id, parse_body, parse_tool_calls, prompt_logprobs_json,
-                                      refuse_misplaced, refuse_unsupported, request_metrics,
-                                      sampling_params, sse, stream_usage, structured_output_spec,
-                                      tool_call_grammar, tool_call_tokens, tool_choice, usage)
+from nanoserve.serve.protocol import (BEAM_SEARCH_IDLE, BEAM_SEARCH_REFUSES, BadRequest,
+                                      ChatCompletionRequest, CompletionRequest, DetokenizeRequest,
+                                      SamplingRequest, TokenizeRequest, ToolCallText, chat_logprobs,
+                                      chat_response, check_limits, chunk, completion_logprobs,
+                                      completion_response, conversation, error_body, ignored_fields,
+                                      message_text, new_id, parse_body, parse_tool_calls,
+                                      prompt_logprobs_json, refuse_misplaced, refuse_unsupported,
+                                      request_metrics, sampling_params, sse, stream_usage,
+                                      structured_output_spec, tool_call_grammar, tool_call_tokens,
+                                      tool_choice, usage)
 from nanoserve.serve.reasoning import (Qwen3Reasoning, REASONING_PARSERS, ReasoningText,
                                        thinking_grammar)
 from nanoserve.serve.responses import (ResponseEvents, ResponsesRequest, chat_body, item_id,
@@ -620,10 +621,10 @@ def build_app(llm, model_name: str, max_waiting_requests: int = 256, api_key: st
     async def completions(body: CompletionRequest, request: Request):
         check_request(body)
         check_limits(body, max_logprobs, vocab_size)
-        if body.use_beam_search:
-            return await beam_search_completions(body, request)
         prompts = body.prompt if isinstance(body.prompt, list) and body.prompt and not isinstance(body.prompt[0], int) \
             else [body.prompt]  # a batch: a list of strings, or of token-id lists
+        if body.use_beam_search:
+            return await beam_search_completions(body, request, prompts)
         if body.echo and body.stream:
             raise BadRequest("echo cannot be streamed yet: send it with stream: false", "echo")
         # echo with max_tokens 0 (lm-evaluation-harness's scoring): the prompt and its log-probs, nothing new.
@@ -671,7 +672,7 @@ def build_app(llm, model_name: str, max_waiting_requests: int = 256, api_key: st
 
         refuse_unsupported(body, allowed=("length_penalty",))
         given = [name for name in BEAM_SEARCH_REFUSES if name in body.model_fields_set
-                 and getattr(body, name, None) not in (None, False, [], {})]
+                 and getattr(body, name, None) not in (None, False, [], {}, *BEAM_SEARCH_IDLE.get(name, ()))]
         if given:
             raise BadRequest(f"{given[0]} cannot be combined with use_beam_search", given[0])
         try:
@@ -709,10 +710,8 @@ def build_app(llm, model_name: str, max_waiting_requests: int = 256, api_key: st
                                    skip_special_tokens=skip_special_tokens), beam) for beam in beams]
                 for p, beams in enumerate(best)]
 
-    async def beam_search_completions(body: CompletionRequest, request: Request) -> Response:
+    async def beam_search_completions(body: CompletionRequest, request: Request, prompts: list) -> Response:
         params = beam_search_params(body, 16 if body.max_tokens is None else body.max_tokens)
-        prompts = body.prompt if isinstance(body.prompt, list) and body.prompt and not isinstance(body.prompt[0], int) \
-            else [body.prompt]
         ids = [await encode(p, "prompt") if isinstance(p, str) else p for p in prompts]
         try:
             best = await beam_search(request, ids, params, body.skip_special_tokens)

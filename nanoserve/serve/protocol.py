@@ -237,7 +237,11 @@ BEAM_SEARCH_REFUSES = ("top_p", "top_k", "min_p", "seed", "stop", "stop_token_id
                        "frequency_penalty", "repetition_penalty", "logit_bias", "min_tokens", "allowed_token_ids",
                        "bad_words", "logprobs", "prompt_logprobs", "logprob_token_ids", "echo", "stream",
                        "truncate_prompt_tokens", "response_format", "structured_outputs", "guided_json",
-                       "guided_regex", "guided_choice", "guided_grammar", "top_logprobs", "tools")
+                       "guided_regex", "guided_choice", "guided_grammar", "top_logprobs", "tools",
+                       "tool_choice", "thinking_token_budget", "return_token_ids", "stream_options",
+                       "kv_transfer_params")
+# ... unless they hold a value at which they do nothing
+BEAM_SEARCH_IDLE = {"tool_choice": ("none", "auto"), "thinking_token_budget": (-1,)}
 MAX_N = 128  # completions per request, OpenAI's cap: each one is a sequence in the batch
 MAX_JSON_DEPTH = 64  # a real request nests a few levels; JSON far deeper only tests the parser's stack
 
