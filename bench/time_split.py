@@ -37,7 +37,7 @@ class PhaseTimer:
             self.wrap(model_runner, name, restore=getattr(model_runner, name))
         self.wrap(self.runner.builder, "build")
         self.wrap(self.runner, "draw")  # the draw, processors included
-        for name in ("apply", "layout", "drawn") if self.runner.processors is not None else ():
+        for name in ("apply", "layout", "drawn", "ahead") if self.runner.processors is not None else ():
             self.wrap(self.runner.processors, name)  # the logits processors (built at a first feature): host time
         self.wrap(self.runner, "sampler", restore=self.runner.sampler)
         self.wrap(self.runner, "compute")

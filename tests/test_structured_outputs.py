@@ -3,6 +3,7 @@ model would rather say (a random model, sampled at temperature 1), alone or in a
 and n > 1; through LLM, lesson 02's loop and the server's response_format / structured_outputs / guided_*."""
 import json
 import re
+import threading
 
 import jsonschema
 import openai
@@ -63,6 +64,9 @@ def test_async_scheduling_stays_on_for_a_structured_request(llm, spec):
     params = SamplingParams(temperature=1.0, seed=3, max_tokens=40, structured_outputs=spec)
     engine = llm.engine
     sync = llm.generate(["Tell me about it."], params, use_tqdm=False)[0].outputs[0]
+    masks = engine.runner.processors.processor("structured_outputs")
+    fill, filled_by = masks.fill, []
+    masks.fill = lambda *args: filled_by.append(threading.current_thread().name) or fill(*args)
     engine.async_scheduling = True
     try:
         before = (engine.stats.steps, engine.stats.steps_ahead)
@@ -70,9 +74,13 @@ def test_async_scheduling_stays_on_for_a_structured_request(llm, spec):
         steps, launched_ahead = engine.stats.steps - before[0], engine.stats.steps_ahead - before[1]
     finally:
         engine.async_scheduling = False
+        del masks.fill
     assert ahead.token_ids == sync.token_ids
     assert len(ahead.token_ids) > 3 and steps <= len(ahead.token_ids) + 1  # a step per token (no step sat out)
     assert launched_ahead >= len(ahead.token_ids) - 2, (launched_ahead, len(ahead.token_ids))
+    # the masks were filled ahead, in the filler thread, while the engine scheduled (all but the first two)
+    assert len(filled_by) == len(ahead.token_ids), (len(filled_by), len(ahead.token_ids))
+    assert sum(name.startswith("grammar-masks") for name in filled_by) >= len(ahead.token_ids) - 2, filled_by
 
 def test_lesson_02s_loop_follows_a_constraint_too(llm):
     done, _ = generate(llm.model, [[5, 6, 7]], SamplingParams(temperature=1.0, seed=3, max_tokens=20,

@@ -208,6 +208,8 @@ class LLMEngine:
         if self.in_flight is not None \
             and all(s.status is SequenceStatus.FINISHED for s in self.in_flight.batch.seqs):
             self.in_flight = None  # every sequence in it has finished: nothing to wait for
+        if self.in_flight is not None and self.in_flight.waits:  # (a grammar's step: its masks)
+            self.runner.ahead(self.in_flight)
         return out
 
     def update(self, seq: Sequence, computed: int | None, token: int | None, lp) -> None:

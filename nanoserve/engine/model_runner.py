@@ -135,6 +135,15 @@ class ModelRunner:
         launched.tokens, launched.host, launched.done = tokens, host, record_event(tokens)
         launched.logits = launched.last_inputs = None
 
+    @torch.inference_mode()
+    def ahead(self, launched: LaunchedStep) -> None:
+        """A step whose draw waits, now that the step before is processed: its processors may start
+        on the host what needs only its sequences' last tokens (a grammar's masks), while the engine
+        schedules the next step."""
+        if self.processors is None:
+            self.processors = self.make_processors()
+        self.processors.ahead(launched.sampled, launched.steps, launched.last_inputs)
+
     def make_processors(self):
         """The engine's logits processors (features/processors.py), when a step first needs them."""
         from nanoserve.engine.features import BatchProcessors  # (imports features/processors.py)

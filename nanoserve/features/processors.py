@@ -52,6 +52,11 @@ class LogitsProcessor:
     def drawn(self, rows: Rows, tokens: torch.Tensor) -> None:
         pass
 
+    def ahead(self, rows: Rows) -> None:
+        """The rows of a step whose draw waits (async scheduling), as soon as the step before is processed:
+        host work that needs only the sequences' last tokens may start now, in a thread of its own, while the
+        engine schedules the next step; apply joins it. The grammar fills its masks here."""
+
 
 def to_device(values, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """A host list or tensor on the device without a wait: a GPU copies it from pinned memory in its own queue."""
@@ -145,6 +150,12 @@ class BatchProcessors:
             at += 2 * width
         self.layout_of = (list(seqs), key, layout)
         return layout
+
+    def ahead(self, seqs: list, steps: list[int], last_inputs=None) -> None:
+        """A waiting step's rows, once the step before is processed: the processors that work ahead start."""
+        for processor, rows, index, slots, slot_ids, row_seqs in self.layout(seqs):
+            if type(processor).ahead is not LogitsProcessor.ahead:
+                processor.ahead(Rows(index, slots, slot_ids, row_seqs, [steps[i] for i in rows], last_inputs))
 
     def drawn(self, tokens: torch.Tensor) -> None:
         for processor, rows in self.last:

@@ -10,6 +10,8 @@ import json
 import os
 import re
 import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
 
 import llguidance
 import llguidance.gbnf_to_lark
@@ -184,26 +186,27 @@ def first_line(error: str) -> str:
 
 class GrammarMask(LogitsProcessor):
     """Each row's grammar mask: int32 words (a bit per token), filled for every row at once by llguidance's
-    thread pool into pinned host memory, copied in one go, and unpacked on the device."""
+    thread pool into pinned host memory, copied in one go, and unpacked on the device. With async scheduling
+    the fill starts ahead, in the filler thread, as soon as the step before is processed: llguidance's threads
+    fill while the engine schedules the next step (llguidance lets go of Python's lock as it fills)."""
 
     def __init__(self, *args):
         super().__init__(*args)
         self.executor = llguidance.LLExecutor(num_threads=MASK_THREADS)
+        self.filler = ThreadPoolExecutor(1, thread_name_prefix="grammar-masks")
         self.host: list[torch.Tensor] = []  # two buffers, used in turn: a copy from one may still be queued
         self.current = 0
+        self.filling = None  # (the rows' sequences, the fill of their masks started ahead: a Future)
+
+    def ahead(self, rows):
+        self.join()
+        self.filling = (rows.seqs, self.filler.submit(self.fill, *self.start(rows.seqs)))
+        time.sleep(0)  # lets the filler take Python's lock now: it lets go of it as llguidance starts filling
 
     def apply(self, logits, rows):
-        width = (ll_tokenizer(rows.seqs[0].tokenizer).vocab_size + 31) // 32
-        if not self.host or self.host[0].shape[1] != width:
-            pinned = self.device.type == "cuda"
-            self.host = [torch.empty(self.max_rows, width, dtype=torch.int32, pin_memory=pinned) for _ in range(2)]
-        words, self.current = self.host[self.current][:len(rows.seqs)], self.current ^ 1
-        # A sequence that finished since the step was launched (its grammar complete) is not drawn for: any mask
-        ready = [(seq.matcher, r) for r, seq in enumerate(rows.seqs) if seq.finish_reason is None]
-        if len(ready) < len(rows.seqs):
-            words.fill_(-1)
-        if ready:  # (llguidance refuses an empty list)
-            self.executor.unsafe_compute_mask_ptr(ready, words.data_ptr(), width * 4, len(rows.seqs))
+        ahead = self.join()
+        # (filled ahead for these very sequences, unless a step came between: then filled now)
+        words = ahead[1] if ahead is not None and ahead[0] == rows.seqs else self.fill(*self.start(rows.seqs))
         words = words.to(self.device, non_blocking=True)
         if self.device.type == "cuda":  # lesson 06's kernel: -inf written where a bit is 0, in one pass
             from nanoserve.kernels.triton_fused import triton_apply_bitmask  # (Triton: on GPU machines only)
@@ -211,6 +214,36 @@ class GrammarMask(LogitsProcessor):
         else:  # row by row, in place: no [rows, vocabulary] copies (134 against 337 ms at 129 rows, one thread)
             for r, row in enumerate(rows.index.tolist()):
                 logits[row].masked_fill_(~unpack_bitmask(words[r:r + 1], self.vocab_size)[0], float("-inf"))
+
+    def join(self):
+        """The fill started ahead, done: (its sequences, their masks), or None. Every path waits for it
+        before a matcher is used again: a matcher is followed by one thread at a time."""
+        if self.filling is None:
+            return None
+        seqs, fill = self.filling
+        try:
+            return seqs, fill.result()
+        finally:  # (Ctrl-C while it fills: it is waited for again, by whatever comes next)
+            if fill.done():
+                self.filling = None
+
+    def start(self, seqs: list) -> tuple:
+        """The host buffer for these rows' masks, and the matchers to fill it, chosen in this thread."""
+        width = (ll_tokenizer(seqs[0].tokenizer).vocab_size + 31) // 32
+        if not self.host or self.host[0].shape[1] != width:
+            pinned = self.device.type == "cuda"
+            self.host = [torch.empty(self.max_rows, width, dtype=torch.int32, pin_memory=pinned) for _ in range(2)]
+        words, self.current = self.host[self.current][:len(seqs)], self.current ^ 1
+        # A sequence that finished since the step was launched (its grammar complete) is not drawn for: any mask
+        ready = [(seq.matcher, r) for r, seq in enumerate(seqs) if seq.finish_reason is None]
+        if len(ready) < len(seqs):
+            words.fill_(-1)
+        return words, ready
+
+    def fill(self, words: torch.Tensor, ready: list) -> torch.Tensor:
+        if ready:  # (llguidance refuses an empty list)
+            self.executor.unsafe_compute_mask_ptr(ready, words.data_ptr(), words.shape[1] * 4, len(words))
+        return words
 
 
 def unpack_bitmask(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
