@@ -249,9 +249,11 @@ class GrammarMask(LogitsProcessor):
         if not self.host or self.host[0].shape[1] != width:
             cuda = self.device.type == "cuda"
             self.host = [torch.empty(self.max_rows, width, dtype=torch.int32, pin_memory=cuda) for _ in range(2)]
-            if cuda:
+            if cuda:  # (memory the step's stream hands out may still be in use by what it has queued: the
+                # copies wait for that once, as if it were each buffer's last reader)
                 self.on_device = [torch.empty_like(host, device=self.device) for host in self.host]
-                self.copier, self.read = torch.cuda.Stream(self.device), [None, None]
+                self.copier = torch.cuda.Stream(self.device)
+                self.read = [torch.cuda.current_stream().record_event()] * 2
         words, self.current = self.host[self.current][:len(seqs)], self.current ^ 1
         # A sequence that finished since the step was launched (its grammar complete) is not drawn for: any mask
         ready = [(seq.matcher, r) for r, seq in enumerate(seqs) if seq.finish_reason is None]
