@@ -195,10 +195,12 @@ def test_a_replica_that_dies_is_drained(replicas, router):
     assert served(survivor) - before == 12
 
 
-def test_data_parallel_size_serves_replicas_behind_vllm_router(tmp_path):
+@pytest.mark.parametrize("stopped_by", ["SIGTERM", "Ctrl-C"])
+def test_data_parallel_size_serves_replicas_behind_vllm_router(tmp_path, stopped_by):
     """`nanoserve serve --data-parallel-size 2`: two replicas on ports of their own, vllm-router (cache-aware) on
-    the server's port. While one replica runs a long request, new prompts go to the other; SIGTERM to the server
-    stops the router and the replicas."""
+    the server's port. While one replica runs a long request, new prompts go to the other. SIGTERM to the server
+    alone, or Ctrl-C in its terminal (SIGINT to every process of its group at once), stops the router and the
+    replicas, and the server exits with its own status."""
     port, log = free_port(), tmp_path / "dp.log"
     proc = start([sys.executable, "-m", "nanoserve.cli", "serve", MODEL, "--data-parallel-size", "2", "--port",
                   str(port), "--device", "cpu", "--max-model-len", "2048", "--max-num-seqs", "4",
@@ -209,22 +211,32 @@ def test_data_parallel_size_serves_replicas_behind_vllm_router(tmp_path):
                  seconds=180)
         workers = [w["url"] for w in httpx.get(f"{url}/workers").json()["workers"]]
         assert len(workers) == 2 and f"127.0.0.1:{port}" not in " ".join(workers)
-        long_request = {"model": MODEL, "prompt": "Tell a long story.", "max_tokens": 1800, "ignore_eos": True,
-                        "stream": True}
-        with httpx.stream("POST", f"{url}/v1/completions", json=long_request, timeout=60) as stream:
-            lines = stream.iter_lines()
-            next(lines)  # its first token: it runs on one replica
-            busy = [metric(w, "vllm:num_requests_running") for w in workers]
-            assert sorted(busy) == [0, 1], busy
-            before = [served(w) for w in workers]
-            complete(url, [f"{word} are" for word in ("Apples", "Quantum", "Zebras", "Violins")])
-            counts = [served(w) - b for w, b in zip(workers, before)]
-            assert counts[busy.index(0)] == 4 and counts[busy.index(1)] == 0, (busy, counts)
-        proc.terminate()  # SIGTERM to `nanoserve serve` alone: it stops what it started
-        assert proc.wait(timeout=30) != 0
+        if stopped_by == "SIGTERM":
+            routes_away_from_a_busy_replica(url, workers)
+            proc.terminate()  # SIGTERM to `nanoserve serve` alone: it stops what it started
+            assert proc.wait(timeout=30) == 128 + signal.SIGTERM
+        else:  # a terminal's Ctrl-C: SIGINT to its foreground group, the server, its replicas and the router
+            os.killpg(proc.pid, signal.SIGINT)
+            assert proc.wait(timeout=30) == 130
+            assert "Traceback" not in log.read_text() and "nanoserve: interrupted" in log.read_text()
         deadline = time.monotonic() + 30
         while any(healthy(w) for w in workers) and time.monotonic() < deadline:
             time.sleep(0.2)
         assert not any(healthy(w) for w in workers), log.read_text()[-2000:]
     finally:
         stop(proc)
+
+
+def routes_away_from_a_busy_replica(url: str, workers: list[str]) -> None:
+    """While a long request runs on one replica, the router sends four new prompts to the other."""
+    long_request = {"model": MODEL, "prompt": "Tell a long story.", "max_tokens": 1800, "ignore_eos": True,
+                    "stream": True}
+    with httpx.stream("POST", f"{url}/v1/completions", json=long_request, timeout=60) as stream:
+        lines = stream.iter_lines()
+        next(lines)  # its first token: it runs on one replica
+        busy = [metric(w, "vllm:num_requests_running") for w in workers]
+        assert sorted(busy) == [0, 1], busy
+        before = [served(w) for w in workers]
+        complete(url, [f"{word} are" for word in ("Apples", "Quantum", "Zebras", "Violins")])
+        counts = [served(w) - b for w, b in zip(workers, before)]
+        assert counts[busy.index(0)] == 4 and counts[busy.index(1)] == 0, (busy, counts)

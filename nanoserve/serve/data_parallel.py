@@ -93,8 +93,11 @@ def serve_replicas(args) -> int:
             if ended:
                 raise RuntimeError(f"replica {ended[0]} exited ({procs[ended[0]].returncode}) while starting")
             time.sleep(0.5)
+        # The router ignores a terminal's Ctrl-C (its launcher would print a KeyboardInterrupt's traceback):
+        # Ctrl-C reaches this process, whose `finally` stops the router as it stops the replicas.
         procs.append(subprocess.Popen([router, "--worker-urls", *urls, "--host", args.host, "--port",
-                                       str(args.port), "--policy", POLICY, "--prometheus-port", str(free_port())]))
+                                       str(args.port), "--policy", POLICY, "--prometheus-port", str(free_port())],
+                                      preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)))
         print(f"nanoserve: {n} replicas ({', '.join(urls)}) behind vllm-router ({POLICY}) on "
               f"http://{args.host}:{args.port}", flush=True)
         while all(p.poll() is None for p in procs):
