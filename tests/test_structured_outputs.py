@@ -82,6 +82,42 @@ def test_async_scheduling_stays_on_for_a_structured_request(llm, spec):
     assert len(filled_by) == len(ahead.token_ids), (len(filled_by), len(ahead.token_ids))
     assert sum(name.startswith("grammar-masks") for name in filled_by) >= len(ahead.token_ids) - 2, filled_by
 
+@pytest.mark.parametrize("where", ["schedule", "update"])
+def test_ctrl_c_while_masks_fill_ahead_leaves_later_outputs_unchanged(llm, where):
+    """With async scheduling a grammar's masks are filled in a thread of their own while the engine schedules
+    the next step. A Ctrl-C there (the fill left running), or while a step's tokens are taken, leaves every
+    matcher where its output is: the same requests, run again, give the same tokens."""
+    params = [SamplingParams(temperature=1.0, seed=i, max_tokens=60, n=2, structured_outputs=so)
+              for i, (so, _) in enumerate(CONSTRAINTS)] + [SamplingParams(temperature=1.0, seed=7, max_tokens=20)]
+    prompts = ["Tell me about it."] * len(params)
+    engine = llm.engine
+    owner = engine.scheduler if where == "schedule" else engine
+
+    def tokens():
+        return [[c.token_ids for c in o.outputs] for o in llm.generate(prompts, params, use_tqdm=False)]
+    engine.async_scheduling = True
+    try:
+        clean = tokens()
+        for on_call in (3, 8, 20):
+            calls, original = [0], getattr(owner, where)
+
+            def interrupted(*args, **kwargs):
+                calls[0] += 1
+                if calls[0] == on_call:
+                    raise KeyboardInterrupt
+                return original(*args, **kwargs)
+            setattr(owner, where, interrupted)
+            try:
+                with pytest.raises(KeyboardInterrupt):
+                    tokens()
+            finally:
+                delattr(owner, where)
+            assert engine.in_flight is None and not engine.has_unfinished()
+            assert tokens() == clean, (where, on_call)
+    finally:
+        engine.async_scheduling = False
+
+
 def test_lesson_02s_loop_follows_a_constraint_too(llm):
     done, _ = generate(llm.model, [[5, 6, 7]], SamplingParams(temperature=1.0, seed=3, max_tokens=20,
                                                                 structured_outputs=StructuredOutputsParams(
