@@ -50,7 +50,8 @@ WORKS = {"model", "prompt", "messages", "max_tokens", "max_completion_tokens", "
          "ignore_eos", "skip_special_tokens", "allowed_token_ids", "bad_words", "truncate_prompt_tokens",
          "chat_template_kwargs", "continue_final_message", "add_generation_prompt", "prompt_logprobs",
          "response_format", "structured_outputs", "guided_json", "guided_regex", "guided_choice", "guided_grammar",
-         "tools", "tool_choice", "parallel_tool_calls", "return_token_ids", "return_tokens_as_token_ids"}
+         "tools", "tool_choice", "parallel_tool_calls", "return_token_ids", "return_tokens_as_token_ids",
+         "spaces_between_special_tokens"}
 NO_EFFECT_ON_OUTPUT = {"user", "metadata", "store", "service_tier", "prompt_cache_key", "prompt_cache_retention",
                        "prompt_cache_options", "safety_identifier", "prediction", "request_id"}
 

@@ -192,6 +192,29 @@ def test_detokenize_false_gives_token_ids_alone(llm):
         SamplingParams(stop=["x"], detokenize=False)
 
 
+def test_spaces_between_special_tokens_goes_to_the_tokenizers_decode(llm):
+    """SamplingParams(spaces_between_special_tokens=False), as vLLM's: every decode of the request's text asks the
+    tokenizer for it, streamed, with a stop string (token by token) and in one go (transformers' fast tokenizers,
+    these models', make no such spaces either way: the text is the same)."""
+    tokenizer = llm.get_tokenizer()
+    decode, asked = tokenizer.decode, []
+    tokenizer.decode = lambda ids, **kwargs: asked.append(kwargs) or decode(ids, **kwargs)
+    try:
+        for extra in ({}, {"stop": ["zzz"]}):
+            for spaces in (True, False):
+                asked.clear()
+                params = SamplingParams(max_tokens=4, temperature=0, skip_special_tokens=False,
+                                        spaces_between_special_tokens=spaces, **extra)
+                text = llm.generate("Hello", params, use_tqdm=False)[0].outputs[0].text
+                streamed = "".join(piece for _, piece, _, _ in llm.stream("Hello", params))
+                assert asked and all(a.get("spaces_between_special_tokens", True) is spaces for a in asked), asked
+                assert text == streamed and text
+    finally:
+        del tokenizer.decode
+    with pytest.raises(ValueError, match="spaces_between_special_tokens"):
+        SamplingParams(spaces_between_special_tokens="no")
+
+
 def test_metrics_example_counts_what_ran():
     """vLLM's metrics example: LLM(disable_log_stats=False).get_metrics() gives vLLM's metric objects, whose
     values are those of the requests that ran (each checked against the outputs' own counts and times)."""

@@ -4,6 +4,14 @@
 """Incremental detokenization with stop strings."""
 
 
+def decode_options(skip_special_tokens: bool = True,
+                   spaces_between_special_tokens: bool = True) -> dict:
+    """How tokenizer.decode is asked for a request's text. The second is passed only when it is
+    not the tokenizers' own default (a tokenizer that is not transformers' may not take it)."""
+    return {"skip_special_tokens": skip_special_tokens,
+            **({} if spaces_between_special_tokens else {"spaces_between_special_tokens": False})}
+
+
 class Detokenizer:
     """Turns one request's generated token ids into text, and ends it at the first stop string.
 
@@ -16,9 +24,9 @@ class Detokenizer:
     """
 
     def __init__(self, tokenizer, stop: list[str] = (), include_stop: bool = False,
-                 skip_special_tokens: bool = True):
+                 skip_special_tokens: bool = True, spaces_between_special_tokens: bool = True):
         self.tokenizer, self.stop, self.include_stop = tokenizer, list(stop), include_stop
-        self.skip_special_tokens = skip_special_tokens
+        self.decoding = decode_options(skip_special_tokens, spaces_between_special_tokens)
         self.token_ids: list[int] = []
         self.text = ""  # the text so far, cut before a stop string if one was found
         self.stopped = False
@@ -38,8 +46,7 @@ class Detokenizer:
         self.token_ids.append(token_id)
         if self.stopped:  # the text is over; later tokens change nothing
             return ""
-        decode = lambda ids: self.tokenizer.decode(ids,
-                                                   skip_special_tokens=self.skip_special_tokens)
+        decode = lambda ids: self.tokenizer.decode(ids, **self.decoding)
         context = decode(self.token_ids[self.prefix:self.read])
         window = decode(self.token_ids[self.prefix:])
         if window.endswith("\ufffd"):  # half a UTF-8 character: wait for the rest

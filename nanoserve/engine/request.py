@@ -4,7 +4,7 @@
 """One prompt's progress through generation: its tokens, its stop conditions, its text."""
 from dataclasses import dataclass
 
-from nanoserve.engine.detokenizer import Detokenizer
+from nanoserve.engine.detokenizer import Detokenizer, decode_options
 from nanoserve.engine.features import features_of, load
 from nanoserve.engine.sampling_params import InvalidParameter, SamplingParams
 
@@ -137,15 +137,16 @@ class Request:
     def _detokenizer(self) -> Detokenizer:
         p = self.params
         return Detokenizer(self.tokenizer, p.stop, p.include_stop_str_in_output,
-                           p.skip_special_tokens)
+                           p.skip_special_tokens, p.spaces_between_special_tokens)
 
     def completion(self) -> Completion:
         if self.detok is not None:
             text = self.detok.text
         # in one go (a cut character left out)
         elif self.tokenizer is not None and self.params.detokenize:
-            text = self.tokenizer.decode(self.output_ids,
-                                         skip_special_tokens=self.params.skip_special_tokens)
+            p = self.params
+            text = self.tokenizer.decode(self.output_ids, **decode_options(
+                p.skip_special_tokens, p.spaces_between_special_tokens))
             text = text.rstrip("\ufffd")
         else:
             text = None

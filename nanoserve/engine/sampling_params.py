@@ -86,6 +86,9 @@ class SamplingParams:
     # words never generated (a word's last token is masked after the rest)
     bad_words: list[str] | None = None
     skip_special_tokens: bool = True  # leave special tokens out of the text
+    # (with skip_special_tokens=False) a space between two special tokens in the text, where the
+    # tokenizer's decode makes one (transformers' slow tokenizers; its fast ones never do, as in vLLM)
+    spaces_between_special_tokens: bool = True
     detokenize: bool = True  # make the output's text (False: token ids alone, text "", as vLLM's)
     # keep only the prompt's last k tokens (-1: max_model_len)
     truncate_prompt_tokens: int | None = None
@@ -139,7 +142,7 @@ class SamplingParams:
         if self.truncate_prompt_tokens != -1:
             integer("truncate_prompt_tokens", 1, none_ok=True)
         for name in ("include_stop_str_in_output", "ignore_eos", "skip_special_tokens",
-                     "detokenize"):
+                     "spaces_between_special_tokens", "detokenize"):
             if not isinstance(getattr(self, name), bool):
                 bad(f"{name} must be True or False, got {getattr(self, name)!r:.100}")
         self.stop = [] if self.stop is None else [self.stop] if isinstance(self.stop, str) \

@@ -49,6 +49,7 @@ from pydantic import ValidationError
 from starlette.exceptions import HTTPException
 
 from nanoserve import __version__
+from nanoserve.engine.detokenizer import decode_options
 from nanoserve.engine.request import prepare
 from nanoserve.engine.sampling_params import InvalidParameter
 from nanoserve.features.structured_outputs import ll_tokenizer
@@ -687,7 +688,7 @@ def build_app(llm, model_name: str, max_waiting_requests: int = 256, api_key: st
         return params
 
     async def beam_search(request: Request, ids: list[list[int]], params,
-                          skip_special_tokens: bool) -> list[list[tuple[str, object]]]:
+                          body: SamplingRequest) -> list[list[tuple[str, object]]]:
         """Each prompt's best beams, as (the text after the prompt, the beam): features/beam_search.py's
         rounds, each beam of a round one request of the engine."""
         from nanoserve.features import beam_search as search
@@ -706,15 +707,16 @@ def build_app(llm, model_name: str, max_waiting_requests: int = 256, api_key: st
             for stream in streams:
                 stream.abort()
             raise
-        return [[(tokenizer.decode(search.beam_tokens(beam, len(ids[p]), params),
-                                   skip_special_tokens=skip_special_tokens), beam) for beam in beams]
+        decoding = decode_options(body.skip_special_tokens, body.spaces_between_special_tokens)
+        return [[(tokenizer.decode(search.beam_tokens(beam, len(ids[p]), params), **decoding), beam)
+                 for beam in beams]
                 for p, beams in enumerate(best)]
 
     async def beam_search_completions(body: CompletionRequest, request: Request, prompts: list) -> Response:
         params = beam_search_params(body, 16 if body.max_tokens is None else body.max_tokens)
         ids = [await encode(p, "prompt") if isinstance(p, str) else p for p in prompts]
         try:
-            best = await beam_search(request, ids, params, body.skip_special_tokens)
+            best = await beam_search(request, ids, params, body)
         except ClientGone:
             return Response(status_code=499)
         choices = [{"index": p * body.n + j, "text": text, "logprobs": None, "finish_reason": beam.finish_reason,
@@ -823,7 +825,7 @@ def build_app(llm, model_name: str, max_waiting_requests: int = 256, api_key: st
         most = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
         params = beam_search_params(body, most if most is not None else llm.max_model_len - len(prompt_ids))
         try:
-            best = (await beam_search(request, [prompt_ids], params, body.skip_special_tokens))[0]
+            best = (await beam_search(request, [prompt_ids], params, body))[0]
         except ClientGone:
             return Response(status_code=499)
         thinking = reasoning.thinks_first(prompt_ids) if reasoning is not None else None

@@ -65,12 +65,10 @@ REFUSED = {
     "web_search_options": "web search is not supported", "verbosity": "verbosity is not supported",
     "documents": "documents (retrieval-augmented templates) are not supported",
     "priority": "priority scheduling is not supported (requests are served first come, first served)",
-    "spaces_between_special_tokens": "spaces_between_special_tokens=false is not supported",
     "moderation": "moderation is not supported",
 }
 DOES_NOTHING = {"length_penalty": (1.0,), "guided_decoding_backend": ("auto", "guidance"),
-                "modalities": (["text"],), "priority": (0,),
-                "spaces_between_special_tokens": (True,)}
+                "modalities": (["text"],), "priority": (0,)}
 
 
 class SamplingRequest(RequestModel):
@@ -96,6 +94,7 @@ class SamplingRequest(RequestModel):
     include_stop_str_in_output: bool = False
     ignore_eos: bool = False  # benchmarks want exactly max_tokens tokens
     skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
     allowed_token_ids: list[int] | None = None
     bad_words: list[str] | None = None
     truncate_prompt_tokens: int | None = None
@@ -131,7 +130,6 @@ class SamplingRequest(RequestModel):
     guided_decoding_backend: Any = None
     guided_whitespace_pattern: Any = None
     priority: Any = None
-    spaces_between_special_tokens: Any = None
     logprob_token_ids: Any = None  # vLLM's: these tokens' log-probs in place of the top-k (checked by SamplingParams)
 
 
@@ -512,8 +510,8 @@ def sampling_params(request: SamplingRequest, max_tokens: int | None, logprobs: 
                          "tokens' log-probs come where the top-k would", "logprob_token_ids")
     passed = ("temperature", "top_p", "top_k", "min_p", "n", "seed", "stop", "stop_token_ids", "ignore_eos",
               "presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias", "min_tokens",
-              "include_stop_str_in_output", "skip_special_tokens", "allowed_token_ids", "bad_words",
-              "truncate_prompt_tokens", "prompt_logprobs", "logprob_token_ids")
+              "include_stop_str_in_output", "skip_special_tokens", "spaces_between_special_tokens",
+              "allowed_token_ids", "bad_words", "truncate_prompt_tokens", "prompt_logprobs", "logprob_token_ids")
     fields = {name: getattr(request, name) for name in passed}
     # given token ids replace the top-k (vLLM's), whatever logprobs or top_logprobs says
     fields.update(max_tokens=default_max_tokens if max_tokens is None else max_tokens,
