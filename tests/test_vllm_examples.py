@@ -155,9 +155,12 @@ def test_vllms_module_paths_and_idioms(llm, caplog):
 
 def test_engine_args_on_a_command_line_as_vllms_generate_example():
     """vLLM's examples build their parser from EngineArgs (FlexibleArgumentParser + add_cli_args), pop their own
-    flags and hand the rest to LLM(**args); underscores in a flag are taken too."""
+    flags and hand the rest to LLM(**args); underscores in a flag are taken too. (EngineArgs is at vLLM's other
+    path too: nanoserve.engine.arg_utils.)"""
+    from nanoserve.engine.arg_utils import EngineArgs as AtVllmsPath
     from nanoserve.utils.argparse_utils import FlexibleArgumentParser
 
+    assert AtVllmsPath is EngineArgs
     parser = FlexibleArgumentParser()
     EngineArgs.add_cli_args(parser)
     parser.set_defaults(model="tiny-qwen3")
