@@ -43,8 +43,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="tiny-qwen3")
     tok = AutoTokenizer.from_pretrained(resolve_model(ap.parse_args().model))
-    grammar = so.compiled_grammar(tok, StructuredOutputsParams(regex="[a-z ]{1,2000}"))
-    grammar.matcher()  # starts compiling the others
+    grammar = so.compiled_grammar(tok, StructuredOutputsParams(regex="[a-z ]{1,2000}"))  # (the others compile now)
     deadline = time.monotonic() + 60
     while len(grammar.bases) < so.MASK_THREADS and time.monotonic() < deadline:
         time.sleep(0.01)

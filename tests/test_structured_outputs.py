@@ -270,8 +270,8 @@ def test_tool_requests_that_cannot_be_served_are_refused_by_name(client, body, p
 
 def test_outputs_follow_separately_compiled_matchers_compiled_off_the_callers_thread(llm, monkeypatch):
     """A step's masks are filled side by side only for separately compiled matchers: CompiledGrammar hands out
-    copies of up to MASK_THREADS of them in turn. The extra ones compile in a thread of their own, all of them
-    from the first request on, so a grammar that is slow to compile never stalls the caller (the step loop);
+    copies of up to MASK_THREADS of them in turn. The extra ones compile in a thread of their own, from the moment
+    the constraint is compiled, so a grammar that is slow to compile never stalls the caller (the step loop);
     every copy follows the grammar."""
     import threading
     import time
@@ -287,20 +287,61 @@ def test_outputs_follow_separately_compiled_matchers_compiled_off_the_callers_th
     def recording(*args, **kwargs):  # llguidance.LLMatcher, noting the thread that compiles
         compiled_in.append(threading.current_thread())
         return real(*args, **kwargs)
+    for name in ("grammar_from_regex", "validate_grammar"):  # its static methods, used as the grammar compiles
+        setattr(recording, name, getattr(real, name))
 
     spec = StructuredOutputsParams(regex="(ab){1,40}c")
-    grammar = so.compiled_grammar(llm.tokenizer, spec)  # compiled and checked here, as a server's thread does
     monkeypatch.setattr(llguidance, "LLMatcher", recording)
-    matchers = [grammar.matcher()]  # the first request starts the compiles of all the others
+    grammar = so.compiled_grammar(llm.tokenizer, spec)  # compiled and checked here, as a server's thread does
     deadline = time.monotonic() + 30
     while len(grammar.bases) < 3 and time.monotonic() < deadline:
         time.sleep(0.01)
-    matchers += [grammar.matcher() for _ in range(6)]
-    assert len(grammar.bases) == 3 and len(compiled_in) == 2  # at most MASK_THREADS, each compiled once
-    assert threading.current_thread() not in compiled_in
+    matchers = [grammar.matcher() for _ in range(7)]
+    assert len(grammar.bases) == 3 and len(compiled_in) == 3  # at most MASK_THREADS, each compiled once
+    assert compiled_in[0] is threading.current_thread() and threading.current_thread() not in compiled_in[1:]
     ab = llm.tokenizer.encode("ab")
     for m in matchers:  # each a fresh follower of the same grammar
         assert all(m.consume_token(t) for t in ab) and not m.is_error()
+
+
+def test_a_burst_with_a_new_constraint_gets_copies_of_every_compiled_matcher(llm, monkeypatch):
+    """Requests that come together with a constraint not seen before: its other compiled matchers are still
+    compiling when the last of them is added. Each gets its copy when it first joins a draw, by then from every
+    compiled matcher in turn (copies of the first alone are filled one after another), and follows the grammar."""
+    import time
+
+    from nanoserve.engine.request import prepare
+    from nanoserve.features import structured_outputs as so
+
+    monkeypatch.setattr(so, "MASK_THREADS", 4)
+    compile_rest, release = so.CompiledGrammar._compile_the_rest, threading.Event()
+    # the other matchers compile only once the whole burst is in, as on a machine where they compile slowly
+    monkeypatch.setattr(so.CompiledGrammar, "_compile_the_rest", lambda self: release.wait(30) and compile_rest(self))
+    spec = StructuredOutputsParams(regex="(xy|z){2,9}!")
+    params = [SamplingParams(temperature=1.0, seed=i, max_tokens=30, structured_outputs=spec) for i in range(8)]
+    bases_seen, matcher = [], so.CompiledGrammar.matcher
+
+    def handing_out(self):
+        bases_seen.append(len(self.bases))
+        return matcher(self)
+    monkeypatch.setattr(so.CompiledGrammar, "matcher", handing_out)
+    engine, step = llm.engine, llm.engine.step
+
+    def first_step():  # every request is in: let the other matchers compile, and wait for them
+        release.set()
+        grammar, deadline = prepare(params[0], llm.get_tokenizer()).grammar, time.monotonic() + 30
+        while len(grammar.bases) < 4 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        engine.step = step
+        return step()
+    engine.step = first_step
+    try:
+        outputs = llm.generate(["Tell me about it."] * 8, params, use_tqdm=False)
+    finally:
+        engine.step = step
+    assert bases_seen == [4] * 8, bases_seen
+    for out in outputs:
+        assert re.fullmatch(r"(xy|z){2,9}!", out.outputs[0].text) and out.outputs[0].finish_reason == "stop"
 
 
 @pytest.mark.parametrize("regex", [r"[a-z ]{1,2000}", r"\d{3}-\d{4}", r"[A-Z][a-z]+( [A-Z][a-z]+)*",

@@ -77,12 +77,13 @@ class Request:
         self.detok = self._detokenizer() if params.stop else None
         ready = prepare(params, tokenizer)
         self.bad_words, self.allowed = ready.bad_words, ready.allowed
-        # follows the grammar
-        self.matcher = ready.grammar.matcher() if ready.grammar is not None else None
+        # The constraint, compiled, and the matcher that follows the output through it (handed out
+        # by the grammar's processor when the request first joins a step's draw)
+        self.grammar, self.matcher = ready.grammar, None
         # Its next draw depends on its last token (a grammar's state, or a bad word of several
         # tokens): with lesson 05's async scheduling, its step's forward runs ahead of that token,
         # and the draw waits for it.
-        self.waits_for_last_token = self.matcher is not None or (self.bad_words is not None
+        self.waits_for_last_token = self.grammar is not None or (self.bad_words is not None
                                                                  and self.bad_words.multi_token)
         self.features = features_of(params)  # asked once here, not for every sequence at every step
         # Its constraints check each drawn token (and its grammar follows it)

@@ -101,8 +101,9 @@ class CompiledGrammar:
     millisecond, where compiling takes milliseconds). Copies of one compiled matcher are filled one at a time by
     llguidance's threads (measured: bench/llguidance_parallel.py), and a regex's mask can take half a
     millisecond, so the copies are made from up to MASK_THREADS separately compiled matchers in turn. The extra
-    ones compile in a thread of their own, all of them, one after another, from the first request on (a copy
-    stays with its matcher: the first burst of requests should find them ready). matcher() never compiles, so a
+    ones compile in a thread of their own, one after another, from the moment the constraint is first compiled;
+    a request's copy is handed out when it first joins a draw (GrammarMask.add), so that a first burst of
+    requests finds them ready (a copy stays with its matcher). matcher() never compiles, so a
     request whose grammar is slow to compile (a server admits it within a time limit, lesson 08) never stalls
     the step loop."""
 
@@ -110,16 +111,22 @@ class CompiledGrammar:
         self.ll, self.grammar, self.bases, self.handed = ll, grammar, [first], 0
         self.lock = threading.Lock()
         self.compiling = False
+        with self.lock:
+            self._compile_more()
 
     def matcher(self) -> llguidance.LLMatcher:
         """A matcher that follows one output token by token, ready for its first token."""
         with self.lock:
             base = self.bases[self.handed % len(self.bases)]
             self.handed += 1
-            if len(self.bases) < MASK_THREADS and not self.compiling:
-                self.compiling = True
-                threading.Thread(target=self._compile_the_rest, daemon=True).start()
+            self._compile_more()  # (again, if the thread that compiled them ended early)
             return base.deep_copy()
+
+    def _compile_more(self) -> None:
+        """Start the thread that compiles the other matchers, unless they are there or it runs (lock held)."""
+        if len(self.bases) < MASK_THREADS and not self.compiling:
+            self.compiling = True
+            threading.Thread(target=self._compile_the_rest, daemon=True).start()
 
     def _compile_the_rest(self) -> None:
         try:  # compiled as the first was (which was checked)
@@ -199,6 +206,13 @@ class GrammarMask(LogitsProcessor):
         self.filling = None  # (the rows' sequences, the fill of their masks started ahead: a Future)
         # on a GPU: the host buffers' twins on the device, the stream that copies them, each twin's last reader
         self.on_device, self.copier, self.read = [], None, [None, None]
+
+    def add(self, slot, seq):
+        # Its matcher is handed out now, as it first joins a draw, not when its request came: a burst of requests
+        # with a constraint not seen before then finds the constraint's other compiled matchers ready (they compile
+        # in a thread after the first one), where copies of the first alone would be filled one after another.
+        if seq.matcher is None:
+            seq.matcher = seq.grammar.matcher()
 
     def ahead(self, rows):
         self.join()
