@@ -87,7 +87,8 @@ class SamplingParams:
     bad_words: list[str] | None = None
     skip_special_tokens: bool = True  # leave special tokens out of the text
     # (with skip_special_tokens=False) a space between two special tokens in the text, where the
-    # tokenizer's decode makes one (transformers' slow tokenizers; its fast ones never do, as in vLLM)
+    # tokenizer's decode makes one (transformers' slow tokenizers; its fast ones never do, nor
+    # does vLLM with them)
     spaces_between_special_tokens: bool = True
     detokenize: bool = True  # make the output's text (False: token ids alone, text "", as vLLM's)
     # keep only the prompt's last k tokens (-1: max_model_len)
