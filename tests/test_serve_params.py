@@ -264,6 +264,19 @@ def test_tokenize_detokenize_version_and_ping(client, llm):
     assert client.get("/version").json()["version"] and client.get("/ping").status_code == 200
 
 
+def test_sglang_routers_server_and_model_info(client, llm):
+    """sglang-router asks a replica /server_info and /model_info (then SGLang's older /get_...) as it registers it,
+    and labels it with the model named there; tried by hand with sglang-router 0.3.2, its /workers then lists the
+    replica under model_id "tiny-qwen3" (else "unknown")."""
+    infos = [client.get(route).json() for route in ("/server_info", "/model_info", "/get_server_info", "/get_model_info")]
+    assert all(info == infos[0] for info in infos)
+    info = infos[0]
+    assert info["served_model_name"] == "tiny-qwen3" and info["is_generation"] is True
+    assert info["architectures"] == ["Qwen3ForCausalLM"] and info["vocab_size"] == llm.model.config.vocab_size
+    assert info["max_context_length"] == llm.max_model_len and info["max_running_requests"] == llm.args.max_num_seqs
+    assert set(info["eos_token_ids"]) >= {llm.tokenizer.eos_token_id} and info["tp_size"] == 1
+
+
 def test_vllms_request_id_names_the_response(client):
     for endpoint, prefix in (("completions", "cmpl-"), ("chat/completions", "chatcmpl-")):
         reply = client.post(f"/v1/{endpoint}", json={**body_for(endpoint), "request_id": "abc"}).json()

@@ -593,6 +593,21 @@ def build_app(llm, model_name: str, max_waiting_requests: int = 256, api_key: st
             raise BadRequest(f"tokens must be token ids in [0, {vocab})", "tokens")
         return {"prompt": await asyncio.to_thread(tokenizer.decode, body.tokens)}
 
+    @app.get("/server_info")
+    @app.get("/model_info")
+    @app.get("/get_server_info")  # (SGLang's older names)
+    @app.get("/get_model_info")
+    async def sglang_info():
+        """SGLang's server describes itself on these routes, and sglang-router reads them as it registers a replica:
+        the model it labels the replica with (else "unknown"; its multi-model mode routes by it) and its sizes.
+        One answer serves all four: each reader takes the fields it knows."""
+        config = llm.model.config
+        return {"served_model_name": model_name, "model_path": getattr(llm.args, "model", model_name),
+                "is_generation": True, "architectures": [config.architecture], "max_context_length": llm.max_model_len,
+                "vocab_size": config.vocab_size, "eos_token_ids": sorted(llm.engine.eos),
+                "tp_size": llm.args.tensor_parallel_size, "dp_size": 1,
+                "max_running_requests": llm.args.max_num_seqs, "max_prefill_tokens": llm.args.max_num_batched_tokens}
+
     @app.get("/load")
     async def load(request: Request):  # counted with enable_server_load_tracking (LoadTracker), else 0
         return {"server_load": request.app.state.server_load}
