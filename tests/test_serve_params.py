@@ -264,6 +264,25 @@ def test_tokenize_detokenize_version_and_ping(client, llm):
     assert client.get("/version").json()["version"] and client.get("/ping").status_code == 200
 
 
+@pytest.mark.parametrize("endpoint", ["completions", "chat/completions"])
+def test_spaces_between_special_tokens_reaches_the_tokenizer(client, llm, endpoint):
+    """The server passes spaces_between_special_tokens on (it was refused when false): every decode of the
+    answer's text asks the tokenizer for it."""
+    tokenizer = llm.get_tokenizer()
+    decode, asked = tokenizer.decode, []
+    tokenizer.decode = lambda ids, **kwargs: asked.append(kwargs) or decode(ids, **kwargs)
+    try:
+        for spaces in (False, True):
+            asked.clear()
+            body = {**body_for(endpoint), "max_tokens": 3, "skip_special_tokens": False,
+                    "spaces_between_special_tokens": spaces}
+            assert client.post(f"/v1/{endpoint}", json=body).status_code == 200
+            answers = [a for a in asked if "skip_special_tokens" in a and a["skip_special_tokens"] is False]
+            assert answers and all(a.get("spaces_between_special_tokens", True) is spaces for a in answers), asked
+    finally:
+        del tokenizer.decode
+
+
 def test_sglang_routers_server_and_model_info(client, llm):
     """sglang-router asks a replica /server_info and /model_info (then SGLang's older /get_...) as it registers it,
     and labels it with the model named there; tried by hand with sglang-router 0.3.2, its /workers then lists the
