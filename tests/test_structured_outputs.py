@@ -118,6 +118,40 @@ def test_ctrl_c_while_masks_fill_ahead_leaves_later_outputs_unchanged(llm, where
         engine.async_scheduling = False
 
 
+@pytest.mark.parametrize("on_call", [1, 2, 3])
+def test_a_stream_keeps_its_grammar_through_another_calls_ctrl_c(llm, on_call):
+    """Each step's tokens are taken by every grammar's matcher at once, before the engine hands them to their
+    sequences one by one. A Ctrl-C in between, in another call (a generate call of the same LLM), leaves a
+    stream's sequence running: a token the step had not handed it yet is drawn again (its matcher gives it
+    back, or the stream goes on from a state one token ahead), and one it had is still the stream's to read."""
+    so = StructuredOutputsParams(regex=r"[a-c]{2,30}-[0-9]{2,30}")
+    params = SamplingParams(temperature=1.0, seed=5, max_tokens=50, structured_outputs=so)
+    clean = [item[2] for item in llm.stream(["Tell me about it."], params)]
+    engine = llm.engine
+    engine.async_scheduling = True
+    try:
+        stream = llm.stream(["Tell me about it."], params)
+        got = [next(stream)[2] for _ in range(3)]
+        calls, original = [0], engine.update
+
+        def interrupted(seq, *args):
+            calls[0] += 1
+            if calls[0] == on_call:
+                raise KeyboardInterrupt
+            return original(seq, *args)
+        engine.update = interrupted
+        try:
+            with pytest.raises(KeyboardInterrupt):  # its sequences decode beside the stream's, longest first
+                llm.generate(["One two three four five six seven"] * 2,
+                             SamplingParams(temperature=1.0, seed=2, max_tokens=20), use_tqdm=False)
+        finally:
+            del engine.update
+        got += [item[2] for item in stream]
+    finally:
+        engine.async_scheduling = False
+    assert got == clean
+
+
 def test_lesson_02s_loop_follows_a_constraint_too(llm):
     done, _ = generate(llm.model, [[5, 6, 7]], SamplingParams(temperature=1.0, seed=3, max_tokens=20,
                                                                 structured_outputs=StructuredOutputsParams(

@@ -422,7 +422,13 @@ class LLM:
             unfinished = len(seqs)
             while unfinished:
                 if not queue:
-                    self.router.route(self.engine.step())
+                    try:
+                        self.router.route(self.engine.step())
+                    # (Ctrl-C) the tokens it handed out before it stopped: other calls' streams
+                    # go on from them
+                    except BaseException:
+                        self.router.route(self.engine.processed)
+                        raise
                 while queue:
                     delta = queue.popleft()
                     unfinished -= delta.finished

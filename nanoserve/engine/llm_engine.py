@@ -66,6 +66,9 @@ class LLMEngine:
         self.stats = EngineStats()
         # the sequences of the step in progress (after a failed step: its)
         self.step_seqs: list[Sequence] = []
+        # what the step in progress has processed, (sequence, token) pairs: after a step stopped
+        # midway (Ctrl-C), the news its caller still owes to other callers' sequences
+        self.processed: list[tuple[Sequence, int | None]] = []
 
     def add_request(self, prompt_ids: list[int], params: SamplingParams) -> Sequence:
         """Queue a request; a bad one raises ValueError here, before it can touch the batch
@@ -130,10 +133,11 @@ class LLMEngine:
     def step(self) -> list[tuple[Sequence, int | None]]:
         """Run one step: schedule -> launch -> collect -> process. Returns (sequence, new token or
         None) for every sequence the step computed. With async scheduling the next step is scheduled
-        and launched before this one's tokens are waited for. If it raises, no step counts (the
-        scheduler's counts are taken back), and step_seqs holds the sequences it was running: the
-        requests a server fails with it."""
+        and launched before this one's tokens are waited for. If it raises, what it had not
+        processed does not count (the scheduler's counts are taken back), `processed` holds what it
+        had, and step_seqs the sequences it was running: the requests a server fails with it."""
         current, self.in_flight = self.in_flight, None
+        self.processed = []
         try:
             if current is None:
                 current = self.launch(self.schedule())
@@ -183,7 +187,8 @@ class LLMEngine:
         not. A sequence whose update raises (its detokenizer, say) fails alone: (seq, None) with
         finish_reason "error"; the others go on. A sequence that finished (or was aborted) since the
         step was launched drops its row."""
-        out, batch = [], launched.batch
+        out = self.processed = []
+        batch = launched.batch
         for seq, first, entries in launched.scorer.read() if launched.scorer is not None else ():
             if seq.status is not SequenceStatus.FINISHED:  # prompt_logprobs, before any can finish
                 seq.add_prompt_logprobs(first, entries)

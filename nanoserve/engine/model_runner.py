@@ -204,6 +204,8 @@ class ModelRunner:
             launched.done.synchronize()  # the CPU waits here, and only here
         tokens = iter(launched.host.tolist())
         tokens = [next(tokens) if s else None for s in batch.sampled]
+        if launched.features:  # (a grammar's matchers take them here, all at once)
+            self.processors.collected(batch.seqs, tokens)
         if launched.logprobs is None:
             return tokens, [None] * len(batch.seqs)
         logprobs = iter(launched.logprobs.read([t for t in tokens if t is not None],

@@ -79,7 +79,8 @@ class Request:
         self.bad_words, self.allowed = ready.bad_words, ready.allowed
         # The constraint, compiled, and the matcher that follows the output through it (handed out
         # by the grammar's processor when the request first joins a step's draw)
-        self.grammar, self.matcher = ready.grammar, None
+        # (and its answer to the last token, when the processor took it for every row at once)
+        self.grammar, self.matcher, self.took = ready.grammar, None, None
         # Its next draw depends on its last token (a grammar's state, or a bad word of several
         # tokens): with lesson 05's async scheduling, its step's forward runs ahead of that token,
         # and the draw waits for it.

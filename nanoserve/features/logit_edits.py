@@ -201,7 +201,9 @@ def check_drawn(seq, token: int) -> None:
         raise ValueError(f"this request's constraints forbid every token after {len(output)} output tokens "
                          f"(allowed_token_ids, bad_words, min_tokens and structured_outputs leave nothing; "
                          f"the draw broke {broken})")
-    if seq.matcher is not None and (not seq.matcher.consume_token(token) or seq.matcher.is_error()):
+    took, seq.took = seq.took, None  # (the grammar's matcher took it already, with the step's other rows)
+    if seq.matcher is not None and (not (seq.matcher.consume_token(token) if took is None else took)
+                                    or seq.matcher.is_error()):
         error = seq.matcher.get_error().strip().split("\n")[0][:300]  # llguidance's, short
         raise ValueError(f"structured_outputs: the grammar cannot go on after {len(output)} output tokens "
                          f"({error or 'no token of its own mask fits what came before'})")

@@ -57,6 +57,11 @@ class LogitsProcessor:
         host work that needs only the sequences' last tokens may start now, in a thread of its own, while the
         engine schedules the next step; apply joins it. The grammar fills its masks here."""
 
+    def collected(self, seqs: list, tokens: list) -> None:
+        """The step's tokens on the host (None: a row that drew none), before the engine hands them to its
+        sequences one by one: host work on them all may be done here at once. The grammar advances its
+        matchers here."""
+
 
 def to_device(values, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """A host list or tensor on the device without a wait: a GPU copies it from pinned memory in its own queue."""
@@ -161,3 +166,8 @@ class BatchProcessors:
         for processor, rows in self.last:
             processor.drawn(rows, tokens)
         self.last = []
+
+    def collected(self, seqs: list, tokens: list) -> None:
+        for processor in self.made.values():
+            if type(processor).collected is not LogitsProcessor.collected:
+                processor.collected(seqs, tokens)

@@ -204,6 +204,7 @@ class GrammarMask(LogitsProcessor):
         self.host: list[torch.Tensor] = []  # two buffers, used in turn: a copy from one may still be queued
         self.current = 0
         self.filling = None  # (the rows' sequences, the fill of their masks started ahead: a Future)
+        self.taken: list = []  # the sequences whose matchers took the last collected step's tokens
         # on a GPU: the host buffers' twins on the device, the stream that copies them, each twin's last reader
         self.on_device, self.copier, self.read = [], None, [None, None]
 
@@ -245,9 +246,28 @@ class GrammarMask(LogitsProcessor):
         torch.cuda.current_stream().wait_stream(self.copier)
         return target
 
+    def collected(self, seqs, tokens):
+        """Every grammar row's token, taken by its matcher at once in llguidance's threads (one after another,
+        256 rows took 2 to 3 ms of a step's host time on an H100 host). Each row's answer waits in seq.took for
+        check_drawn (features/logit_edits.py), which the engine calls as it hands the row its token."""
+        self.join()
+        rows = [(seq, token) for seq, token in zip(seqs, tokens)
+                if token is not None and seq.matcher is not None and seq.finish_reason is None]
+        if rows:  # (llguidance refuses an empty list)
+            self.taken = [seq for seq, _ in rows]
+            for seq, ok in zip(self.taken, self.executor.consume_token_par([(s.matcher, t) for s, t in rows])):
+                seq.took = ok
+
     def join(self):
         """The fill started ahead, done: (its sequences, their masks), or None. Every path waits for it
-        before a matcher is used again: a matcher is followed by one thread at a time."""
+        before a matcher is used again: a matcher is followed by one thread at a time. A token taken at once
+        that the engine never handed to its sequence (Ctrl-C in between: the step is computed again) is given
+        back first."""
+        for seq in self.taken:
+            if seq.took is not None and seq.finish_reason is None:
+                seq.matcher.rollback(1)
+            seq.took = None
+        self.taken = []
         if self.filling is None:
             return None
         seqs, fill = self.filling
