@@ -36,11 +36,11 @@ from step_floor import replay_kernels, replay_ms  # noqa: E402
 FUSED = (qwen3_fused.FusedOps.norm_linear, qwen3_fused.FusedOps.silu_linear)
 
 
-def unfused_norm_linear(ops, x, residual, norm_weight, eps, linear):
+def unfused_norm_linear(ops, x, residual, norm, linear):
     """FusedOps.norm_linear without its one-kernel path: the norm, then linear."""
     if residual is None:
-        return linear(ops.rms_norm(x, norm_weight, eps)), x
-    x, residual = ops.add_rms_norm(x, residual, norm_weight, eps)
+        return linear(ops.rms_norm(x, norm.weight, norm.eps)), x
+    x, residual = ops.add_rms_norm(x, residual, norm.weight, norm.eps)
     return linear(x), residual
 
 

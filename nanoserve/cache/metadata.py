@@ -171,32 +171,3 @@ class StepMetadataBuilder:
             self.dev.copy_(self.hosts[self.current], non_blocking=True)
             self.copied[self.current] = torch.cuda.Event()
             self.copied[self.current].record()
-
-    def rows(self, meta: StepMetadata) -> dict:
-        """The host rows `meta` was built from: what another rank needs to rebuild it (`load`;
-        lesson 07)."""
-        T, S = meta.input_ids.shape[0], meta.context_lens.shape[0]
-        width = meta.block_tables.shape[1]
-        counts = {"input_ids": T, "positions": T, "slot_mapping": T, "context_lens": S,
-                  "cu_seqlens_q": S + 1,
-                  "sample_rows": meta.sample_rows.shape[0], "carried_rows": meta.num_carried,
-                  "carried_from": meta.num_carried}
-        rows = {name: self.host[name][:n].copy() for name, n in counts.items()}
-        rows["block_tables"] = self.host["block_tables"][:S, :width].copy()
-        return rows | {"scalars": (meta.is_decode, meta.max_context_len, meta.max_query_len)}
-
-    def load(self, rows: dict) -> StepMetadata:
-        """`rows`' inverse, on this rank's builder: write them, copy them to the device, view
-        them."""
-        self.next_buffer()
-        host, tables = self.host, rows["block_tables"]
-        for name in self.sizes:
-            if name != "block_tables":
-                host[name][:len(rows[name])] = rows[name]
-        S, width = tables.shape
-        host["block_tables"][:S, :width], host["block_tables"][:S, width:] = tables, -1
-        self.copy()
-        return StepMetadata(
-                            *self._views(len(rows["input_ids"]), S, len(rows["sample_rows"]),
-                                         width), *rows["scalars"],
-                            len(rows["carried_rows"]))

@@ -3,30 +3,12 @@
 
 """The paged KV cache as an attention backend: K/V in a pool of blocks, read through block
 tables."""
-from typing import Protocol
-
 import torch
 
 from nanoserve.cache.block_manager import BlockManager
 from nanoserve.cache.metadata import StepMetadata
 from nanoserve.kernels import paged as torch_kernels
 from nanoserve.model.config import ModelConfig
-
-
-class BlockAllocator(Protocol):
-    """What the paged cache needs from a block manager (lesson 03's BlockManager, lesson 04's
-    subclass)."""
-
-    block_size: int
-    num_tokens: dict  # seq_id -> tokens with a slot
-    block_tables: dict  # seq_id -> its blocks, in order
-
-    def allocate_prompt(self, seq_id, prompt_ids: list[int], reuse: bool = True) -> int: ...
-    def can_append(self, seq_id, n: int = 1) -> bool: ...
-    def append(self, seq_id, n: int = 1) -> list[int]: ...
-    def commit(self, seq_id, token_ids: list[int], num_computed: int) -> None: ...
-    def fork(self, parent, child, num_tokens: int) -> tuple[int, int] | None: ...
-    def free(self, seq_id) -> None: ...
 
 
 class PagedKVCache:
@@ -37,7 +19,7 @@ class PagedKVCache:
     def __init__(self, config: ModelConfig, num_blocks: int, block_size: int = 16,
                  dtype=torch.float32,
                  device="cpu", kernels=None):
-        self.block_manager: BlockAllocator = self.block_manager_cls(num_blocks, block_size)
+        self.block_manager = self.block_manager_cls(num_blocks, block_size)
         self.block_size = block_size
         shape = (config.num_layers, num_blocks, block_size, config.num_kv_heads, config.head_dim)
         self.k_cache = torch.zeros(shape, dtype=dtype, device=device)

@@ -81,9 +81,8 @@ class PrefixCachingBlockManager(BlockManager):
         hits, parent, size = [], None, self.block_size
         for i, h in enumerate(prefix_hashes(token_ids[:-1], size)):
             block = self.cached.get(h)
-            if block is None \
-                or (self.records[block].parent, self.records[block].tokens) != (parent,
-                        tuple(token_ids[i * size:(i + 1) * size])):
+            expected = BlockRecord(h, parent, tuple(token_ids[i * size:(i + 1) * size]))
+            if block is None or self.records[block] != expected:
                 break  # a miss, or a hash collision
             hits.append(block)
             parent = h
@@ -122,8 +121,7 @@ class PrefixCachingBlockManager(BlockManager):
         for i in range(first, full):
             tokens = tuple(token_ids[i * size:(i + 1) * size])
             h = block_hash(parent, tokens)
-            record = records[table[i]]
-            record.hash, record.parent, record.tokens = h, parent, tokens
+            records[table[i]] = BlockRecord(h, parent, tokens)
             self.cached.setdefault(h, table[i])  # an equal block named earlier stays the one found
             parent = h
 

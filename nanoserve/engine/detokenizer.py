@@ -36,13 +36,10 @@ class Detokenizer:
         self.longest = max((len(s) for s in self.stop), default=0)
 
     def add(self, token_id: int, may_stop: bool = True) -> str:
-        """Add one token; return the text that became final (for streaming). may_stop: False while
-        the request's min_tokens are not reached (a stop string then does not count).
-
-        Text that may still turn out to begin a stop string is held back (up to the longest stop
-        string's length - 1 characters), as is half a multi-byte character; flush() returns the
-        rest.
-        """
+        """Add one token; return the text that became final (for streaming). may_stop: False until
+        min_tokens are reached (a stop string does not count yet). Text that may still begin a stop
+        string is held back (up to the longest one's length - 1 characters), as is half a multi-byte
+        character; flush() returns the rest."""
         self.token_ids.append(token_id)
         if self.stopped:  # the text is over; later tokens change nothing
             return ""

@@ -4,12 +4,10 @@
 """How an LLM is made: its settings (EngineArgs, vLLM's names, checked when made), the classes it
 assembles (EngineParts), and what they resolve to (dtype, device, KV blocks, the checkpoint's
 sampling defaults)."""
-import argparse
 import dataclasses
 import gc
 import importlib
 import json
-import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -226,16 +224,11 @@ class EngineArgs:
             if not isinstance(value, bool) \
                 and not (value is None and name in ("enforce_eager", "async_scheduling")):
                 raise ValueError(f"{name} must be True or False, got {value!r}")
-        if isinstance(self.gpu_memory_utilization, bool) \
-            or not isinstance(self.gpu_memory_utilization, (int, float)) \
-                or not 0 < self.gpu_memory_utilization <= 1:
-            raise ValueError("gpu_memory_utilization must be in (0, 1], got "
-                             f"{self.gpu_memory_utilization!r}")
-        if isinstance(self.cpu_kv_cache_gib, bool) \
-            or not isinstance(self.cpu_kv_cache_gib, (int, float)) \
-                or not self.cpu_kv_cache_gib > 0:
-            raise ValueError(f"cpu_kv_cache_gib must be a number > 0, "
-                             f"got {self.cpu_kv_cache_gib!r}")
+        for name, ok, what in (("gpu_memory_utilization", lambda v: 0 < v <= 1, "in (0, 1]"),
+                               ("cpu_kv_cache_gib", lambda v: v > 0, "a number > 0")):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not ok(value):
+                raise ValueError(f"{name} must be {what}, got {value!r}")
         if self.node_rank >= self.nnodes:
             raise ValueError(f"node_rank must be below nnodes ({self.nnodes}), "
                              f"got {self.node_rank}")
@@ -274,29 +267,8 @@ class EngineArgs:
 
     @classmethod
     def add_cli_args(cls, parser, flags: dict | None = None):
-        """vLLM's: a flag for each setting a command line can hold, named as the field
-        (--max-model-len; a yes/no setting also --no-enable-prefix-caching; a dict as JSON), with
-        the field's default; from_cli_args reads them back. flags: a command's own take on some
-        settings, {name: add_argument's keywords to change (and "aliases": more flag names), or
-        None: no flag}."""
-        group = parser.add_argument_group("engine arguments (EngineArgs)")
-        for setting in dataclasses.fields(cls):
-            mine = (flags or {}).get(setting.name, {})
-            if setting.name in ("logits_processors", "parts") or mine is None:  # (Python objects)
-                continue
-            flag, kinds = "--" + setting.name.replace("_", "-"), typing.get_args(setting.type) \
-                or (setting.type,)
-            if bool in kinds:
-                how = dict(action=argparse.BooleanOptionalAction, default=setting.default,
-                           help="default: %(default)s")
-            else:
-                kind = int if int in kinds else float if float in kinds else str
-                kind = json.loads if dict in kinds else kind
-                how = dict(type=kind, default=setting.default, metavar=setting.name.upper(),
-                           help="default: %(default)s")
-            how |= mine
-            group.add_argument(flag, *how.pop("aliases", ()), **how)
-        return parser
+        """vLLM's: a flag for each setting a command line can hold (engine/arg_utils.py)."""
+        return import_part("nanoserve.engine.arg_utils:add_cli_args")(cls, parser, flags)
 
     @classmethod
     def from_cli_args(cls, args) -> "EngineArgs":

@@ -18,13 +18,11 @@ from nanoserve.engine.sequence import Sequence, SequenceStatus, completion_seed
 class EngineStats:
     """Counters over the engine's whole life: constant memory, however long it serves."""
     steps: int = 0
-    # steps that computed prompt tokens (a prompt, a chunk of one, or a recomputation)
-    prefill_steps: int = 0
+    prefill_steps: int = 0  # steps that computed prompt tokens (a prompt, a chunk, a recomputation)
     preemptions: int = 0
     computed_tokens: int = 0  # tokens whose K/V the model computed
     generated_tokens: int = 0
-    # steps launched before the one before them was processed (async scheduling)
-    steps_ahead: int = 0
+    steps_ahead: int = 0  # steps launched before the one before them was processed (async)
 
 
 def check_token_ids(params: SamplingParams, prepared, vocab: int) -> None:
@@ -43,10 +41,9 @@ def check_token_ids(params: SamplingParams, prepared, vocab: int) -> None:
 
 class LLMEngine:
     def __init__(self, model, cache: PagedKVCache, tokenizer=None, eos_token_ids=(),
-                 max_num_seqs: int = 256,
-                 max_num_batched_tokens: int = 8192, enable_chunked_prefill: bool = True,
-                 max_model_len: int = 4096,
-                 seed: int = 0, runner: ModelRunner | None = None, max_logprobs: int = 20,
+                 max_num_seqs: int = 256, max_num_batched_tokens: int = 8192,
+                 enable_chunked_prefill: bool = True, max_model_len: int = 4096, seed: int = 0,
+                 runner: ModelRunner | None = None, max_logprobs: int = 20,
                  async_scheduling: bool = False):
         self.model, self.cache, self.tokenizer = model, cache, tokenizer
         self.eos = set(eos_token_ids)
@@ -64,8 +61,7 @@ class LLMEngine:
         self.seeder = random.Random(seed)  # seeds for requests that bring none: reproducible runs
         self.next_id = 0
         self.stats = EngineStats()
-        # the sequences of the step in progress (after a failed step: its)
-        self.step_seqs: list[Sequence] = []
+        self.step_seqs: list[Sequence] = []  # the running step's sequences (after a failure: its)
         # what the step in progress has processed, (sequence, token) pairs: after a step stopped
         # midway (Ctrl-C), the news its caller still owes to other callers' sequences
         self.processed: list[tuple[Sequence, int | None]] = []
@@ -83,11 +79,9 @@ class LLMEngine:
         if params.min_tokens and prepared.allowed is not None and prepared.allowed <= stops:
             raise InvalidParameter("min_tokens: every one of allowed_token_ids stops the output",
                                    "min_tokens")
-        # as vLLM: keep the last k (-1: max_model_len)
-        if params.truncate_prompt_tokens is not None:
-            keep = self.max_model_len if params.truncate_prompt_tokens == -1 \
-                else params.truncate_prompt_tokens
-            prompt_ids = prompt_ids[-keep:]
+        if params.truncate_prompt_tokens is not None:  # as vLLM: keep the last k (-1: all)
+            keep = params.truncate_prompt_tokens
+            prompt_ids = prompt_ids[-(self.max_model_len if keep == -1 else keep):]
         if params.max_tokens is None:  # as vLLM: whatever max_model_len leaves
             if len(prompt_ids) >= self.max_model_len:
                 raise ValueError(f"a prompt of {len(prompt_ids)} tokens leaves no room for "
@@ -173,8 +167,7 @@ class LLMEngine:
             raise
 
     def cancel_steps(self, *steps) -> None:
-        """Steps that will never be processed (newest first): the scheduler takes back what they
-        counted."""
+        """Steps never to be processed (newest first): the scheduler takes back their counts."""
         self.in_flight = None
         for step in steps:
             batch = getattr(step, "batch", step)
@@ -184,14 +177,12 @@ class LLMEngine:
     def process(self, launched: LaunchedStep, tokens: list[int | None],
                 logprobs: list) -> list[tuple[Sequence, int | None]]:
         """Bring every sequence of a computed step up to date: its K/V, its new token, finished or
-        not. A sequence whose update raises (its detokenizer, say) fails alone: (seq, None) with
-        finish_reason "error"; the others go on. A sequence that finished (or was aborted) since the
-        step was launched drops its row."""
+        not. One whose update raises (its detokenizer, say) fails alone: (seq, None), finish_reason
+        "error". One that finished (or was aborted) since the launch drops its row."""
         out = self.processed = []
         batch = launched.batch
-        for seq, first, entries in launched.scorer.read() if launched.scorer is not None else ():
-            if seq.status is not SequenceStatus.FINISHED:  # prompt_logprobs, before any can finish
-                seq.add_prompt_logprobs(first, entries)
+        if launched.scorer is not None:  # prompt_logprobs, before any sequence can finish
+            launched.scorer.deliver()
         for i, (seq, token, lp) in enumerate(zip(batch.seqs, tokens, logprobs)):
             if seq.status is SequenceStatus.FINISHED:
                 continue
@@ -233,8 +224,7 @@ class LLMEngine:
                 self.scheduler.finish(seq)
 
     def fail(self, seq: Sequence, error: str) -> list[Sequence]:
-        """End a sequence, and its completions not started yet, with finish_reason "error"; blocks
-        back."""
+        """End seq, and its completions not started yet, with finish_reason "error"; blocks back."""
         failed, seq.forks = [seq, *seq.forks], []
         for s in failed:
             s.finish_reason, s.error = "error", error

@@ -37,15 +37,13 @@ class LaunchedStep:
     sampled: list  # the sequences it draws a token for
     features: set[str]  # what its sequences ask for beyond a plain draw
     steps: list[int]  # the tokens each sampled sequence drew before this step's
-    # [num sampled] on the device (None: not drawn yet, or nobody samples)
-    tokens: torch.Tensor | None = None
+    tokens: torch.Tensor | None = None  # [num sampled] on the device (None: not drawn yet, or none)
     host: torch.Tensor | None = None  # their copy on the host, valid once `done` has passed
     logprobs: object | None = None  # logprobs=k: the step's SampledLogprobs
     done: torch.cuda.Event | None = None  # None on a CPU: everything ran already
     scorer: object | None = None  # prompt_logprobs: the step's PromptScorer
     logits: torch.Tensor | None = None  # until the draw: the sampled rows' logits
-    # until the draw: () -> each row's last input token, on the device
-    last_inputs: object | None = None
+    last_inputs: object | None = None  # until the draw: () -> each row's last input token (device)
 
     @property
     def waits(self) -> bool:
@@ -60,12 +58,9 @@ class ModelRunner:
         self.max_model_len = max_model_len
         device = next(model.parameters()).device
         self.builder = StepMetadataBuilder(max_num_batched_tokens, max_num_seqs,
-                                           -(-max_model_len // cache.block_size),
-                                           device)
-        # lesson 06: CUDAGraphs, which replay decode steps (None: every step eager)
-        self.graphs = graphs
-        # lesson 07: TPWorkers, the other ranks, which run every forward with us
-        self.workers = workers
+                                           -(-max_model_len // cache.block_size), device)
+        self.graphs = graphs  # lesson 06: CUDAGraphs, which replay decode steps (None: all eager)
+        self.workers = workers  # lesson 07: TPWorkers, the other ranks, running every forward too
         # What requests ask of the logits (features beside the core): nothing of it is built, or
         # imported, until a step has a request that asks (make_processors)
         self.processors, self.custom_processors = None, tuple(logits_processors)
@@ -77,11 +72,9 @@ class ModelRunner:
     @torch.inference_mode()
     def launch(self, batch: ScheduledBatch, previous: LaunchedStep | None = None) -> LaunchedStep:
         """Queue the step on the device and return without waiting for it. previous: the step
-        before, whose sampled tokens are this step's placeholders (async scheduling). A sequence
-        whose draw needs its last token on the host (a grammar's), while that token is still a
-        placeholder, holds the draw back: the step comes back waiting, and its draw is made once the
-        step before is processed: when the next step is launched (its tokens feed that step) or
-        collected, whichever comes first."""
+        before, whose sampled tokens are this step's placeholders (async scheduling). A draw that
+        needs a placeholder's real token on the host (a grammar's) waits: it is made once the step
+        before is processed, by the next launch or by collect, whichever comes first."""
         if previous is not None and previous.waits:
             self.draw(previous)
         # a decode step: the longest contexts in the first rows
@@ -113,23 +106,13 @@ class ModelRunner:
 
     @torch.inference_mode()
     def draw(self, launched: LaunchedStep) -> None:
-        """Sample the step's tokens (after the logits processors) and queue their copy to the
-        host."""
-        sampled, logits, steps = launched.sampled, launched.logits, launched.steps
-        # log-probs are the model's (as vLLM's): the processors edit a copy if a row asks for them
-        wants_logprobs = "logprobs" in launched.features
-        if launched.features and self.processors is None:
-            self.processors = self.make_processors()
-        edited = self.processors.apply(logits, sampled, steps, launched.last_inputs,
-                                       in_place=not wants_logprobs) \
-            if launched.features else logits
-        tokens = self.sampler(edited, [s.params for s in sampled], [s.seed for s in sampled], steps)
-        if launched.features:
-            self.processors.drawn(tokens)
-        if wants_logprobs:  # per row: its top-k or its token ids (a prefilling row may have asked)
-            ks = [s.params.logprob_token_ids or s.params.logprobs for s in sampled]
-            if any(k is not None for k in ks):
-                launched.logprobs = load("logprobs")(logits, tokens, ks)
+        """Sample the step's tokens (after the logits processors); queue their copy to the host."""
+        sampled = launched.sampled
+        if launched.features:  # what its requests ask beyond a plain draw: features/processors.py
+            tokens = self.make_processors().draw(self.sampler, launched)
+        else:
+            tokens = self.sampler(launched.logits, [s.params for s in sampled],
+                                  [s.seed for s in sampled], launched.steps)
         host, self.current = self.host_tokens[self.current][:len(sampled)], self.current ^ 1
         host.copy_(tokens, non_blocking=True)
         launched.tokens, launched.host, launched.done = tokens, host, record_event(tokens)
@@ -137,34 +120,32 @@ class ModelRunner:
 
     @torch.inference_mode()
     def ahead(self, launched: LaunchedStep) -> None:
-        """A step whose draw waits, now that the step before is processed: its processors may start
-        on the host what needs only its sequences' last tokens (a grammar's masks), while the engine
-        schedules the next step."""
-        if self.processors is None:
-            self.processors = self.make_processors()
-        self.processors.ahead(launched.sampled, launched.steps, launched.last_inputs)
+        """A waiting draw, once the step before is processed: its processors start what needs only
+        the last tokens (a grammar's masks) while the engine schedules the next step."""
+        self.make_processors().ahead(launched.sampled, launched.steps, launched.last_inputs)
 
     def make_processors(self):
         """The engine's logits processors (features/processors.py), when a step first needs them."""
-        from nanoserve.engine.features import BatchProcessors  # (imports features/processors.py)
-        return BatchProcessors(self.builder.max_num_seqs, self.model.config.vocab_size,
-                               self.cache.k_cache.device, self.custom_processors)
+        if self.processors is None:
+            from nanoserve.engine.features import BatchProcessors  # (features/processors.py)
+            self.processors = BatchProcessors(self.builder.max_num_seqs,
+                                              self.model.config.vocab_size,
+                                              self.cache.k_cache.device, self.custom_processors)
+        return self.processors
 
-    def forward(self, meta: StepMetadata, size: int | None, copies=(), previous: LaunchedStep
-                | None = None,
-                scorer=None) -> torch.Tensor:
+    def forward(self, meta: StepMetadata, size: int | None, copies=(),
+                previous: LaunchedStep | None = None, scorer=None) -> torch.Tensor:
         """Logits of the step's sampled rows (a graph's: of all its rows). The workers (lesson 07)
         are sent the same step first, and run it beside us."""
         if self.workers is not None:
-            self.workers.send_step(self.builder.rows(meta), size, copies)
+            self.workers.send_step(self.builder, meta, size, copies)
         try:
             # forks' partly filled blocks, before anyone writes to them
             self.cache.copy_blocks(copies)
             # placeholders: the tokens the previous step sampled, copied in the device's own queue
             if meta.num_carried:
                 dev = self.builder.dev_views
-                # three small kernels: the builder's int32 rows index directly (no casts to int64
-                # first)
+                # three small kernels: the builder's int32 rows index directly (no int64 casts)
                 rows = dev["carried_rows"][:meta.num_carried]
                 src = dev["carried_from"][:meta.num_carried]
                 meta.input_ids[rows] = previous.tokens.index_select(0, src).to(meta.input_ids.dtype)
@@ -178,15 +159,13 @@ class ModelRunner:
             raise
 
     def compute(self, meta: StepMetadata, size: int | None, scorer=None) -> torch.Tensor:
-        """The forward itself, the same on every rank: a graph of `size` sequences replayed, or the
-        model. The logits are made LOGIT_ROWS rows at a time: a long prompt scored for
-        prompt_logprobs (scorer) never has all its logits at once (4,000 rows of a 151,936-token
-        vocabulary in float32 are 2.4 GB)."""
+        """The forward, the same on every rank: a graph of `size` sequences replayed, or the model.
+        Logits are made LOGIT_ROWS rows at a time: a long prompt scored for prompt_logprobs never
+        has them all at once (4,000 rows of a 151,936-token vocabulary in float32: 2.4 GB)."""
         if size is not None:
             return self.graphs.replay(size)
         hidden = self.model(meta.input_ids, meta.positions, self.cache, meta)[meta.sample_rows]
-        chunks = (self.model.compute_logits(hidden[i:i + LOGIT_ROWS])
-                  # one chunk at least: maybe empty
+        chunks = (self.model.compute_logits(hidden[i:i + LOGIT_ROWS])  # at least one, maybe empty
                   for i in range(0, max(len(hidden), 1), LOGIT_ROWS))
         return torch.cat(list(chunks)) if scorer is None else scorer.take(chunks)
 
@@ -208,22 +187,16 @@ class ModelRunner:
             self.processors.collected(batch.seqs, tokens)
         if launched.logprobs is None:
             return tokens, [None] * len(batch.seqs)
-        logprobs = iter(launched.logprobs.read([t for t in tokens if t is not None],
-                                               [s.params.logprob_token_ids or s.params.logprobs
-                                                for s in launched.sampled]))
+        logprobs = iter(launched.logprobs.read([t for t in tokens if t is not None]))
         return tokens, [next(logprobs) if s else None for s in batch.sampled]
 
 
 def rows_from_previous(batch: ScheduledBatch, step: list, previous: LaunchedStep
                        | None) -> list[tuple[int, int]]:
-    """(row of this step, row of previous's tokens) for every placeholder among the step's
-    tokens."""
+    """(row of this step, row of previous's tokens) for every placeholder among its tokens."""
     if previous is None:
         return []
-    row_of = {id(s): i
-              for i, s in enumerate(s
-                                    for s, x in zip(previous.batch.seqs, previous.batch.sampled)
-                                    if x)}
+    row_of = {id(s): i for i, s in enumerate(previous.sampled)}
     rows, first = [], 0
     for seq, (_, start, ids) in zip(batch.seqs, step):
         if start + len(ids) > seq.num_tokens:  # its last new token is a placeholder

@@ -4,7 +4,6 @@
 """Each step's news, handed to whoever asked for it: LLM's calls and lesson 08's server share
 this."""
 from dataclasses import dataclass
-from typing import Protocol
 
 from nanoserve.engine.sequence import Sequence
 
@@ -15,16 +14,13 @@ class Delta:
     seq: Sequence
     token_id: int | None  # None: the sequence failed alone (error says why)
     text: str  # the text this token made final ("" unless the sequence makes text token by token)
-    # "stop", "length" or "error" on the completion's last delta, else None
-    finish_reason: str | None
+    finish_reason: str | None  # "stop", "length" or "error" on the completion's last delta
     error: str | None = None
     step: int = -1  # which of seq.logprobs is this token's
 
     @property
     def logprobs(self) -> dict | None:
-        """This token's {token id: Logprob}, when the request asked for them: made when read, not in
-        the step loop (a step routes a delta per sequence, and LLM.generate reads none of them: it
-        returns the list)."""
+        """This token's {token id: Logprob}, if asked for: made when read, not in the step loop."""
         return self.seq.logprobs[self.step] if self.token_id is not None \
             and self.seq.logprobs is not None else None
 
@@ -37,21 +33,15 @@ class Delta:
         return self.finish_reason is not None
 
 
-class DeltaConsumer(Protocol):
-    """Whoever asked for a sequence's deltas: a call's deque, or a server's request stream."""
-
-    def append(self, delta: Delta) -> None: ...
-
-
 class OutputRouter:
     """seq_id -> the owner its deltas go to. Several callers share one engine (a generate call and a
     stream, or a server's requests); every step's outputs come back as one list, and route() hands
     each one to its owner. A sequence leaves the table with its last delta."""
 
     def __init__(self):
-        self.owners: dict[int, DeltaConsumer] = {}
+        self.owners: dict[int, object] = {}  # a call's deque, or a server's request stream
 
-    def add(self, seqs, owner: DeltaConsumer) -> None:
+    def add(self, seqs, owner) -> None:  # owner.append(delta) takes each delta
         self.owners.update((seq.seq_id, owner) for seq in seqs)
 
     def remove(self, seqs) -> None:
@@ -59,9 +49,8 @@ class OutputRouter:
             self.owners.pop(seq.seq_id, None)
 
     def route(self, outputs: list[tuple[Sequence, int | None]]) -> None:
-        """One step's (sequence, new token or None) pairs. None is a prompt chunk (nothing to say)
-        or, with seq.error set, a failure. Sequences nobody owns (aborted since, say) are
-        skipped."""
+        """One step's (sequence, new token or None) pairs: None is a prompt chunk (nothing to say)
+        or, with seq.error set, a failure. Sequences nobody owns (aborted since) are skipped."""
         for seq, token in outputs:
             owner = self.owners.get(seq.seq_id)
             if owner is None or (token is None and seq.error is None):

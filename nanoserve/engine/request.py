@@ -25,10 +25,8 @@ class Prepared:
     n completions share it, and so does every request given the same object. A server prepares a
     request in a thread before it admits it, so none of this runs in the step loop."""
     bad_words: object | None  # features/logit_edits.py's BadWords
-    # allowed_token_ids as a set: each drawn token is checked against it
-    allowed: frozenset[int] | None
-    # compiled and checked (a CompiledGrammar): each completion follows it with a matcher of its own
-    grammar: object | None
+    allowed: frozenset[int] | None  # allowed_token_ids, a set: each drawn token is checked
+    grammar: object | None  # compiled and checked (CompiledGrammar); each completion has a matcher
 
 
 def prepare(params: SamplingParams, tokenizer) -> Prepared:
@@ -59,8 +57,7 @@ class Request:
     """One prompt's progress through generation."""
 
     def __init__(self, seq_id: int, prompt_ids: list[int], params: SamplingParams, seed: int,
-                 eos: set[int],
-                 tokenizer):
+                 eos: set[int], tokenizer):
         if not prompt_ids:
             raise ValueError("the prompt is empty: give at least one token")
         if params.max_tokens is None:
@@ -147,9 +144,8 @@ class Request:
         # in one go (a cut character left out)
         elif self.tokenizer is not None and self.params.detokenize:
             p = self.params
-            text = self.tokenizer.decode(self.output_ids, **decode_options(
-                p.skip_special_tokens, p.spaces_between_special_tokens))
-            text = text.rstrip("\ufffd")
+            options = decode_options(p.skip_special_tokens, p.spaces_between_special_tokens)
+            text = self.tokenizer.decode(self.output_ids, **options).rstrip("\ufffd")
         else:
             text = None
         return Completion(self.output_ids, text, self.finish_reason, self.stop_reason)

@@ -8,14 +8,10 @@ import torch
 
 
 def _mix32(x: torch.Tensor) -> torch.Tensor:
-    """A 32-bit integer hash (xorshift-multiply rounds) on an int32 tensor, in place (give it one of
-    your own).
-
-    Its bits are the unsigned arithmetic's: a product wraps around to its low 32 bits, and each
-    right shift is masked to the bits it keeps, since int32's >> copies the sign bit in where
-    unsigned would put zeros. Four bytes an element and no new tensors, because on a CPU this runs
-    on every (row, token): int64 would move twice the bytes and need a mask back to 32 bits after
-    each product."""
+    """A 32-bit integer hash (xorshift-multiply rounds) of an int32 tensor, in place (pass your own
+    copy). It computes unsigned arithmetic's bits: products wrap to their low 32 bits, and each >>
+    is masked, since int32's copies the sign bit in. int32, not int64: on a CPU this runs on every
+    (row, token), and int64 would move twice the bytes and need a mask after each product."""
     x ^= (x >> 16) & 0xFFFF
     x *= 0x7FEB352D
     x ^= (x >> 15) & 0x1FFFF
@@ -26,28 +22,22 @@ def _mix32(x: torch.Tensor) -> torch.Tensor:
 
 def hash_uniform(seeds: torch.Tensor, steps: torch.Tensor, vocab_size: int) -> torch.Tensor:
     """Uniform numbers strictly inside (0, 1), [B, vocab_size], a pure function of (seed, step,
-    token id).
-
-    seeds and steps: int64 [B]; each is hashed from its 32-bit halves (a cast to int32 keeps the low
-    32 bits)."""
+    token id); seeds and steps: int64 [B], each hashed from its two 32-bit halves."""
     low32 = partial(torch.Tensor.to, dtype=torch.int32, copy=True)  # a copy: _mix32 works in place
     s = _mix32(low32(seeds)) ^ _mix32(low32(seeds >> 32))
     s = _mix32(s + _mix32(low32(steps)))
     tokens = torch.arange(vocab_size, dtype=torch.int32, device=seeds.device)
     bits = _mix32(s[:, None] * 0x5BD1E995 + tokens[None, :])
-    # 23 bits, so that k + 0.5 is exact in float32 (24 bits of mantissa): u is at most 1 - 2**-24,
-    # never 1. (With 24 bits, k + 0.5 rounds for k >= 2**23, up to 2**24 itself: u = 1 and -log(u) =
-    # 0.)
+    # 23 bits, so that k + 0.5 is exact in float32: u <= 1 - 2**-24, never 1 (with 24, k + 0.5
+    # rounds up to 2**24 for k >= 2**23: u = 1 and -log(u) = 0)
     return (((bits >> 9) & 0x7FFFFF).float() + 0.5) / 2**23
 
 
 def keep_top_k_top_p(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
                      top_p: torch.Tensor) -> torch.Tensor:
     """logits [B, V] (float32) with -inf outside each row's top-k and nucleus (top_k 0, top_p 1: no
-    limit).
-
-    A row that asks for neither comes out exactly as it went in, whatever the other rows ask: a
-    request's tokens never depend on its batch-mates' parameters."""
+    limit). A row that asks for neither comes out exactly as it went in: a request's tokens never
+    depend on its batch-mates' parameters."""
     if logits.device.type != "cpu":  # a GPU sorts the whole batch in one fast kernel
         return sort_and_cut(logits, temperature, top_k, top_p)
     # A CPU takes milliseconds to sort one row of 151,936 logits: sort only the rows that ask for
@@ -77,20 +67,16 @@ def keep_top_k(logits: torch.Tensor, top_k: torch.Tensor) -> torch.Tensor:
 def sort_and_cut(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
                  top_p: torch.Tensor) -> torch.Tensor:
     """keep_top_k_top_p by sorting each row."""
-    # Rank by the logits themselves, ties by token id (a stable sort): argmax's order, so top_k=1 is
-    # the argmax.
+    # Ranked by logit, ties by token id (a stable sort): argmax's order, so top_k=1 is the argmax
     order = logits.argsort(dim=-1, descending=True, stable=True)
     ranked = logits.gather(-1, order)
     rank = torch.arange(logits.shape[-1], device=logits.device)[None, :]
     ranked = ranked.masked_fill((top_k[:, None] > 0) & (rank >= top_k[:, None]), float("-inf"))
-    greedy = temperature == 0
-    probs = (ranked
-             / torch.where(greedy, torch.ones_like(temperature), temperature)[:,
-                                                                              None]).softmax(dim=-1)
+    t = torch.where(temperature == 0, torch.ones_like(temperature), temperature)[:, None]
+    probs = (ranked / t).softmax(dim=-1)
     # the top token always survives: its mass_before is 0
     mass_before = probs.cumsum(dim=-1) - probs
-    # Only rows that ask for top-p: a float32 cumsum can round up to 1 before the tail, and must not
-    # cut it.
+    # Only rows that ask for top-p: a float32 cumsum may reach 1 before the tail, which must stay
     ranked = ranked.masked_fill((top_p[:, None] < 1) & (mass_before >= top_p[:, None]),
                                 float("-inf"))
     return torch.full_like(logits, float("-inf")).scatter(-1, order, ranked)
@@ -98,8 +84,7 @@ def sort_and_cut(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.T
 
 def pick(logits: torch.Tensor, temperature: torch.Tensor, seeds: torch.Tensor,
          steps: torch.Tensor) -> torch.Tensor:
-    """One token per row: the argmax for temperature 0, else a draw from softmax(logits /
-    temperature).
+    """One token per row: the argmax for temperature 0, else a draw from softmax(logits / T).
 
     The exponential race, argmax p_i / E_i with E_i = -log(u_i), in logs: argmax logits_i / T -
     log(E_i). softmax's normaliser is the same for every token of a row, so it is not needed: no sum
@@ -144,8 +129,7 @@ class Sampler:
                                    device=device)
         top_k = torch.tensor([p.top_k for p in params], device=device)
         top_p = torch.tensor([p.top_p for p in params], dtype=torch.float32, device=device)
-        # any Python int, as an int64
-        seeds = torch.tensor([s % 2**63 for s in seeds], device=device)
+        seeds = torch.tensor([s % 2**63 for s in seeds], device=device)  # any Python int: int64
         filtered = any(p.top_k > 0 or p.top_p < 1 for p in params)
         return sample(logits, temperature, top_k, top_p, seeds,
                       torch.tensor(steps, device=device), filtered)

@@ -17,18 +17,13 @@ from nanoserve.engine.sequence import Sequence, SequenceStatus
 class ScheduledBatch:
     seqs: list[Sequence] = field(default_factory=list)
     num_new: list[int] = field(default_factory=list)  # tokens each sequence computes in this step
-    # its num_computed before: where its new tokens begin
-    starts: list[int] = field(default_factory=list)
-    # the step reaches its last token: it gets a new one
-    sampled: list[bool] = field(default_factory=list)
-    # its one new token is the one it sampled last
-    decoding: list[bool] = field(default_factory=list)
+    starts: list[int] = field(default_factory=list)  # its num_computed before the step
+    sampled: list[bool] = field(default_factory=list)  # it reaches its last token: samples one
+    decoding: list[bool] = field(default_factory=list)  # its one new token is its last sampled
     preemptions: list[int] = field(default_factory=list)  # its num_preemptions when scheduled
     preempted: list[Sequence] = field(default_factory=list)
-    # KV blocks (src, dst) to copy first (forks)
-    copies: list[tuple[int, int]] = field(default_factory=list)
-    # the completions whose blocks those copies fill
-    forked: list[Sequence] = field(default_factory=list)
+    copies: list[tuple[int, int]] = field(default_factory=list)  # forks' (src, dst) block copies
+    forked: list[Sequence] = field(default_factory=list)  # the completions those copies are for
 
     def add(self, seq: Sequence, n: int) -> None:
         """n of seq's tokens go in this step, and are counted at once: from now on seq.num_computed
@@ -46,10 +41,9 @@ class ScheduledBatch:
         seq.num_placeholders += samples
 
     def longest_first(self) -> "ScheduledBatch":
-        """The same step with its sequences ordered by context length, longest first (ties keep
-        their order). Every per-sequence list is reordered alike, so the step is the same step; but
-        a decode kernel with one program per sequence now starts its longest work first and ends
-        with less of a tail (timed on a GPU by bench/decode_order.py)."""
+        """The same step, its sequences ordered by context length, longest first (ties keep their
+        order), every per-sequence list alike: a decode kernel with one program per sequence starts
+        its longest work first, with less of a tail (timed on a GPU by bench/decode_order.py)."""
         order = sorted(range(len(self.seqs)), key=lambda i: -(self.starts[i] + self.num_new[i]))
         return ScheduledBatch(*([column[i] for i in order] for column in (
             self.seqs, self.num_new, self.starts, self.sampled, self.decoding, self.preemptions)),
@@ -57,8 +51,7 @@ class ScheduledBatch:
 
     def uncount(self, first: int = 0) -> None:
         """Sequences first.. of this step were never processed (it failed, or was interrupted): take
-        back their counts. One preempted since has started over: only its placeholder is taken
-        back."""
+        back their counts (of one preempted since, only its placeholder)."""
         for seq, n, samples, p in list(zip(self.seqs, self.num_new, self.sampled,
                                            self.preemptions))[first:]:
             if seq.num_preemptions == p:
@@ -108,10 +101,9 @@ class WaitingAndRunning:
         self.abort(seq)
 
     def abort(self, seq: Sequence) -> None:
-        """Drop a sequence wherever it is (finished, a caller gave up on it, or a step was
-        interrupted halfway through admitting it): out of both queues, and its blocks, if any, back
-        to the pool. In this order, an interruption (Ctrl-C) at any line leaves something abort()
-        can clean up."""
+        """Drop a sequence wherever it is (finished, given up on, or a step was interrupted while
+        admitting it): out of both queues, its blocks (if any) back to the pool. In this order, an
+        interruption (Ctrl-C) at any line leaves something abort() can clean up."""
         if seq.status is not SequenceStatus.FINISHED:
             self.cache.release(seq.seq_id)
         if seq in self.running:
@@ -121,10 +113,9 @@ class WaitingAndRunning:
         seq.status = SequenceStatus.FINISHED
 
     def start_forks(self, seq: Sequence) -> None:
-        """The request's other completions share seq's computed prompt; each recomputes only the
-        prompt's last token (its logits give the completion's own first token). Without room, one
-        waits and is admitted like any request. A partly filled block is copied before the next step
-        runs."""
+        """The request's other completions share seq's computed prompt; each recomputes only its
+        last token (whose logits give its own first token). Without room one waits, admitted like
+        any request. A partly filled block is copied before the next step."""
         for child in seq.forks:
             copy, started = None, len(self.running) < self.max_num_seqs
             if started:
@@ -174,14 +165,12 @@ class Scheduler(WaitingAndRunning):
 
     def _fill(self, batch: ScheduledBatch) -> None:
         budget = self.max_num_batched_tokens
-        # 0. The other completions (n > 1) of a request whose first token has been processed start
-        # now.
+        # 0. The other completions (n > 1) of a request whose first token is processed start now.
         for seq in [s for s in self.running if s.forks and s.num_output_tokens > 0]:
             self.start_forks(seq)
-        live = [(child, copy) for child, copy in self.pending_copies
-                if child.status is SequenceStatus.RUNNING]
-        batch.forked, batch.copies, self.pending_copies = [c for c, _ in live], [cp
-                for _, cp in live], []
+        live = [(c, cp) for c, cp in self.pending_copies if c.status is SequenceStatus.RUNNING]
+        batch.forked, batch.copies = [c for c, _ in live], [cp for _, cp in live]
+        self.pending_copies = []
         # 1. Running sequences, oldest first: a decode token, or the next chunk of a split prompt.
         # One whose unprocessed token is its last (max_tokens) has nothing left to compute.
         queue = deque(s for s in self.running if s.num_output_tokens + s.num_placeholders

@@ -29,12 +29,11 @@ class Sequence(Request):
         self.index = index  # which of its request's n completions this is
         # the request's other completions, until this one's prompt is computed
         self.forks: list[Sequence] = []
-        # logprobs=k: a list of {token: Logprob} per output token, made as it is read
-        # Logprob.decoded_token: None without text, as vLLM's
-        texts = tokenizer if params.detokenize else None
-        self.logprobs = load("logprobs", "LogprobsList")(params.logprob_token_ids
-                                                         or params.logprobs, texts) \
-            if "logprobs" in self.features else None
+        self.logprobs = None  # logprobs=k: {token: Logprob} per output token, made when read
+        if "logprobs" in self.features:  # (decoded_token None without detokenize, as vLLM's)
+            texts = tokenizer if params.detokenize else None
+            k = params.logprob_token_ids or params.logprobs
+            self.logprobs = load("logprobs", "LogprobsList")(k, texts)
         self.error: str | None = None  # why it failed alone (finish_reason "error"; LLMEngine.fail)
         self.num_cached_tokens = 0  # of its prompt, found in the prefix cache when first admitted
         # For RequestOutput.metrics (vLLM's RequestMetrics), wall-clock seconds (time.time())
@@ -50,12 +49,6 @@ class Sequence(Request):
         """Are some of its prompt tokens still to be scored (prompt_logprobs)?"""
         return self.prompt_logprobs is not None \
             and len(self.prompt_logprobs) < self.num_prompt_tokens
-
-    def add_prompt_logprobs(self, first: int, entries: list) -> None:
-        """The entries of prompt tokens first, first + 1, ... as a step computed them; those it has
-        already (a prompt recomputed after a preemption) are skipped."""
-        if first <= len(self.prompt_logprobs):
-            self.prompt_logprobs += entries[len(self.prompt_logprobs) - first:]
 
     @property
     def length(self) -> int:

@@ -18,11 +18,12 @@ tuples). Rank 0 sends
 and a worker sends ("hello",) once started, ("ready",) once its slice is loaded, ("kv", n), and
 ("error", traceback) if anything fails before it exits. A step has no reply: it is answered by
 joining rank 0's collectives. Its `rows` are the rows of rank 0's step-metadata host buffer that
-this step uses (lesson 02's builder: `rows` and `load`): each rank copies them to its own device and
-runs the same forward — lesson 05's ModelRunner.compute, a CUDA graph replay of `size` sequences for
-decode. A step whose input ids include placeholders (lesson 05's async scheduling: tokens rank 0
-sampled one step ago, still on its GPU) gets them by a broadcast over the device group. `copies`: KV
-blocks the scheduler copies for forks before this step (each rank copies its own heads).
+this step uses (step_rows; load_rows writes them into a builder): each rank copies them to its
+device and runs the same forward — lesson 05's ModelRunner.compute, a CUDA graph replay of `size`
+sequences for decode. A step whose input ids include placeholders (lesson 05's async scheduling:
+tokens rank 0 sampled one step ago, still on its GPU) gets them by a broadcast over the device
+group. `copies`: KV blocks the scheduler copies for forks before this step (each rank copies its own
+heads).
 
 Lifecycle. Workers are daemon processes started with `spawn`; they ignore Ctrl-C (rank 0 handles it)
 and exit on ("stop",), or as soon as rank 0's process is gone. In rank 0 a monitor thread waits on
@@ -59,6 +60,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from nanoserve.cache.metadata import StepMetadata
 from nanoserve.cache.paged import PagedKVCache
 from nanoserve.engine.engine_args import import_part
 from nanoserve.engine.model_runner import ModelRunner
@@ -100,6 +102,33 @@ def tp_group(rank: int, size: int, dtype: torch.dtype, device: torch.device,
     if custom_all_reduce and device.type == "cuda":
         return OneShotTPGroup(rank, size, dtype, device)
     return TPGroup(rank, size)
+
+
+def step_rows(builder, meta) -> dict:
+    """The host rows the builder made `meta` from: what another rank needs to rebuild it."""
+    T, S = meta.input_ids.shape[0], meta.context_lens.shape[0]
+    width = meta.block_tables.shape[1]
+    counts = {"input_ids": T, "positions": T, "slot_mapping": T, "context_lens": S,
+              "cu_seqlens_q": S + 1, "sample_rows": meta.sample_rows.shape[0],
+              "carried_rows": meta.num_carried, "carried_from": meta.num_carried}
+    rows = {name: builder.host[name][:n].copy() for name, n in counts.items()}
+    rows["block_tables"] = builder.host["block_tables"][:S, :width].copy()
+    return rows | {"scalars": (meta.is_decode, meta.max_context_len, meta.max_query_len)}
+
+
+def load_rows(builder, rows: dict) -> StepMetadata:
+    """step_rows' inverse, on this rank's builder: write them, copy them to the device, view
+    them."""
+    builder.next_buffer()
+    host, tables = builder.host, rows["block_tables"]
+    for name in builder.sizes:
+        if name != "block_tables":
+            host[name][:len(rows[name])] = rows[name]
+    S, width = tables.shape
+    host["block_tables"][:S, :width], host["block_tables"][:S, width:] = tables, -1
+    builder.copy()
+    views = builder._views(len(rows["input_ids"]), S, len(rows["sample_rows"]), width)
+    return StepMetadata(*views, *rows["scalars"], len(rows["carried_rows"]))
 
 
 # ----------------------------------------------------------------------------
@@ -166,7 +195,7 @@ def serve(conn, model, device: torch.device, parts: dict) -> None:
         elif kind == "step":
             rows, size, copies = args
             with torch.inference_mode():
-                meta = runner.builder.load(rows)
+                meta = load_rows(runner.builder, rows)
                 runner.cache.copy_blocks(copies)
                 # placeholders: the tokens rank 0 sampled a step ago, still on its device
                 if meta.num_carried:
@@ -322,8 +351,8 @@ class TPWorkers:
         # they record theirs while rank 0 records its own: the collectives meet
         self.send(("graphs", sizes))
 
-    def send_step(self, rows: dict, size: int | None, copies: list) -> None:
-        self.send(("step", rows, size, copies))
+    def send_step(self, builder, meta, size: int | None, copies: list) -> None:
+        self.send(("step", step_rows(builder, meta), size, copies))
 
     def share_inputs(self, meta) -> None:
         """A step with placeholders: rank 0 has put the tokens it sampled into its input ids; so do

@@ -10,6 +10,8 @@ import collections.abc
 import numpy as np
 import torch
 
+from nanoserve.engine.sequence import SequenceStatus
+
 
 class Logprob(float):
     """A log-probability (use it as a float) with vLLM's Logprob attributes: .logprob, .rank (1 = likeliest) and
@@ -111,7 +113,7 @@ class SampledLogprobs:
     a row gave: score_given runs on those rows alone, and a step without any runs none of it."""
 
     def __init__(self, logits: torch.Tensor, tokens: torch.Tensor, ks: list[int | list[int] | None]):
-        # ks: per row, its k, its token ids, or None (it did not ask)
+        self.ks = ks  # per row, its k, its token ids, or None (it did not ask)
         self.k = max((k for k in ks if isinstance(k, int)), default=0)
         self.m = max((len(k) for k in ks if isinstance(k, list)), default=0)
         if logits.is_cuda:
@@ -134,10 +136,10 @@ class SampledLogprobs:
         self.host = torch.empty(packed.shape, pin_memory=packed.is_cuda)
         self.host.copy_(packed, non_blocking=True)
 
-    def read(self, tokens: list[int], ks: list[int | list[int] | None]) -> list:
+    def read(self, tokens: list[int]) -> list:
         """Once the step is done: per sampled row, (its numbers, the drawn token) or None (it did not ask). The
         numbers of a row that gave n ids: their log-probs, their ranks, the drawn token's log-prob and rank."""
-        numbers = self.host.numpy().copy()  # plain memory: the pinned buffer goes back at once
+        numbers, ks = self.host.numpy().copy(), self.ks  # plain memory: the pinned buffer goes back at once
         out, width = [None] * len(ks), 2 * self.k + 2
         for row, i in enumerate(self.rows):
             if isinstance(ks[i], list):
@@ -191,6 +193,13 @@ class LogprobsList(collections.abc.Sequence):
         return repr(list(self))
 
 
+def decode_tokens(steps: list, tokenizer) -> None:
+    """vLLM's decoded_token of every entry of prompt_logprobs, in one tokenizer call."""
+    entries = [(token, logprob) for step in steps for token, logprob in (step or {}).items()]
+    for (_, logprob), text in zip(entries, tokenizer.batch_decode([[t] for t, _ in entries])):
+        logprob.decoded_token = text
+
+
 class PromptScorer:
     """prompt_logprobs for one step: which rows of its logits score prompt tokens (the logits at position p
     score token p + 1), and, as ModelRunner.compute hands it the logits chunk by chunk, their scores. It keeps
@@ -230,6 +239,13 @@ class PromptScorer:
             at += n
         self.scores = tuple(torch.cat(parts) for parts in zip(*scores))
         return torch.cat(kept)
+
+    def deliver(self) -> None:
+        """Each unfinished scored sequence's new entries onto its prompt_logprobs (those it has already, from
+        before a preemption, skipped)."""
+        for seq, first, entries in self.read():
+            if seq.status is not SequenceStatus.FINISHED and first <= len(seq.prompt_logprobs):
+                seq.prompt_logprobs += entries[len(seq.prompt_logprobs) - first:]
 
     def read(self) -> list[tuple]:
         """(sequence, first prompt token, its entries: {token: Logprob}) per sequence scored, once the step is

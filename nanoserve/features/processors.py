@@ -10,7 +10,9 @@ from typing import Callable
 
 import torch
 
-from nanoserve.engine.features import FEATURES, NOT_PROCESSORS, load
+from nanoserve.engine.features import FEATURES, load
+
+NOT_PROCESSORS = {"logprobs", "prompt_logprobs"}  # features that read the logits, leave them be
 
 
 @dataclass
@@ -155,6 +157,19 @@ class BatchProcessors:
             at += 2 * width
         self.layout_of = (list(seqs), key, layout)
         return layout
+
+    def draw(self, sampler, launched) -> torch.Tensor:
+        """A step's tokens (ModelRunner.draw, for rows that ask for features): the logits edited (a copy
+        when a row wants log-probs: they are the model's, as vLLM's), drawn, and the processors told;
+        logprobs=k: launched.logprobs (per row its top-k or its token ids; a prefilling row may ask)."""
+        sampled, logits, wants_logprobs = launched.sampled, launched.logits, "logprobs" in launched.features
+        edited = self.apply(logits, sampled, launched.steps, launched.last_inputs, in_place=not wants_logprobs)
+        tokens = sampler(edited, [s.params for s in sampled], [s.seed for s in sampled], launched.steps)
+        self.drawn(tokens)
+        ks = [s.params.logprob_token_ids or s.params.logprobs for s in sampled] if wants_logprobs else []
+        if any(k is not None for k in ks):
+            launched.logprobs = load("logprobs")(logits, tokens, ks)
+        return tokens
 
     def ahead(self, seqs: list, steps: list[int], last_inputs=None) -> None:
         """A waiting step's rows, once the step before is processed: the processors that work ahead start."""

@@ -47,12 +47,6 @@ def gather_kv(cache: torch.Tensor, block_table: torch.Tensor, length: int) -> to
     return cache[blocks].flatten(0, 1)[:length]
 
 
-def _rescaled(q, scale):
-    """Our attention functions scale by 1/sqrt(head_dim); another scale equals rescaling q (in
-    float32)."""
-    return q if scale is None else q.float() * (scale * q.shape[-1] ** 0.5)
-
-
 def paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale=None,
                            max_context_len=None):
     """One new token per sequence: q [B, heads, head_dim] -> [B, heads, head_dim]."""
@@ -88,7 +82,8 @@ def paged_prefill_attention(q, k_cache, v_cache, cu_seqlens_q, context_lens, blo
     Sequence b's new tokens are rows cu_seqlens_q[b]:cu_seqlens_q[b+1]; they are the last tokens of
     its context_lens[b], so any cached prefix before them is attended to as well.
     """
-    q_scaled, out = _rescaled(q, scale), []
+    # our attention scales by 1/sqrt(head_dim): another scale is q rescaled (in float32)
+    q_scaled, out = q if scale is None else q.float() * (scale * q.shape[-1] ** 0.5), []
     for b, length in enumerate(context_lens.tolist()):
         start, end = int(cu_seqlens_q[b]), int(cu_seqlens_q[b + 1])
         k, v = gather_kv(k_cache, block_tables[b], length), gather_kv(v_cache, block_tables[b],

@@ -139,10 +139,10 @@ class Qwen3Model(nn.Module):
 class Qwen3ForCausalLM(nn.Module):
     """Qwen3 (or a Llama-family model, by config) with its LM head."""
 
-    def __init__(self, config: ModelConfig):
+    def __init__(self, config: ModelConfig, model: nn.Module | None = None):
         super().__init__()
         self.config = config
-        self.model = Qwen3Model(config)
+        self.model = Qwen3Model(config) if model is None else model
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight  # one matrix, used both ways

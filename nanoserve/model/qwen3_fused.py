@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from nanoserve.model.config import ModelConfig
-from nanoserve.model.qwen3 import AttentionBackend, RMSNorm, rms_norm
+from nanoserve.model.qwen3 import AttentionBackend, Qwen3ForCausalLM, RMSNorm, rms_norm
 
 
 def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float):
@@ -71,7 +71,6 @@ class FusedOps:
     NAMES = ("rms_norm", "add_rms_norm", "silu_and_mul", "qk_norm_rope")
 
     def __init__(self, compiled: bool = False):
-        self.compiled = compiled
         for name in self.NAMES:
             fn = globals()[name]
             setattr(self, name, _compile(fn) if compiled else fn)
@@ -79,16 +78,16 @@ class FusedOps:
         if compiled:
             self.qk_norm_rope = _on_gpu_triton_qk_norm_rope(self.qk_norm_rope)
 
-    def norm_linear(self, x, residual, norm_weight, eps: float, linear):
+    def norm_linear(self, x, residual, norm: RMSNorm, linear):
         """(linear(rms_norm(x + residual)), x + residual); residual None (the first layer): nothing
         to add, and x is the residual. One row on a GPU: one kernel, the norm done as the product
         reads its input."""
         if one_row_on_gpu(x) and isinstance(linear, Linear):
             from nanoserve.kernels import triton_fused  # imported on GPU machines only
-            return triton_fused.norm_gemv(x, residual, norm_weight, eps, linear.weight)
+            return triton_fused.norm_gemv(x, residual, norm.weight, norm.eps, linear.weight)
         if residual is None:
-            return linear(self.rms_norm(x, norm_weight, eps)), x
-        x, residual = self.add_rms_norm(x, residual, norm_weight, eps)
+            return linear(self.rms_norm(x, norm.weight, norm.eps)), x
+        x, residual = self.add_rms_norm(x, residual, norm.weight, norm.eps)
         return linear(x), residual
 
     def silu_linear(self, gate_up, linear):
@@ -192,7 +191,7 @@ class FusedDecoderLayer(nn.Module):
 
     def __init__(self, config: ModelConfig, layer_idx: int, ops: FusedOps):
         super().__init__()
-        self.ops, self.eps = ops, config.rms_norm_eps
+        self.ops = ops
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.self_attn = PackedAttention(config, layer_idx, ops)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
@@ -200,12 +199,10 @@ class FusedDecoderLayer(nn.Module):
 
     def forward(self, x, residual, cos, sin, backend: AttentionBackend, meta: Any = None):
         attn, mlp = self.self_attn, self.mlp
-        qkv, residual = self.ops.norm_linear(x, residual, self.input_layernorm.weight, self.eps,
-                                             attn.qkv_proj)
+        qkv, residual = self.ops.norm_linear(x, residual, self.input_layernorm, attn.qkv_proj)
         x = attn(qkv, cos, sin, backend, meta)
-        gate_up, residual = self.ops.norm_linear(x, residual,
-                                                 self.post_attention_layernorm.weight, self.eps,
-                                                 mlp.gate_up_proj)
+        post = self.post_attention_layernorm
+        gate_up, residual = self.ops.norm_linear(x, residual, post, mlp.gate_up_proj)
         return mlp(gate_up), residual
 
 
@@ -233,24 +230,12 @@ class FusedQwen3Model(nn.Module):
         return self.ops.add_rms_norm(x, residual, self.norm.weight, self.config.rms_norm_eps)[0]
 
 
-class FusedQwen3ForCausalLM(nn.Module):
+class FusedQwen3ForCausalLM(Qwen3ForCausalLM):
     """Drop-in for Qwen3ForCausalLM (same forward, compute_logits and checkpoints), with fused ops;
     compiled=True runs them through torch.compile."""
 
     def __init__(self, config: ModelConfig, compiled: bool = False):
-        super().__init__()
-        self.config = config
-        self.model = FusedQwen3Model(config, FusedOps(compiled))
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
-        if config.tie_word_embeddings:
-            self.lm_head.weight = self.model.embed_tokens.weight
-
-    def forward(self, input_ids, positions, backend: AttentionBackend,
-                meta: Any = None) -> torch.Tensor:
-        return self.model(input_ids, positions, backend, meta)
-
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(hidden)
+        super().__init__(config, FusedQwen3Model(config, FusedOps(compiled)))
 
     def checkpoint_tensors(self) -> dict[str, torch.Tensor]:
         """Checkpoint tensor name -> where it goes: a parameter, or its rows of a packed one."""
