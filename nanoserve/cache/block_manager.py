@@ -10,8 +10,7 @@ class OutOfBlocks(RuntimeError):
 
 
 class BlockPool:
-    """Blocks handed out to sequences and taken back: the free list, block tables, reference
-    counts."""
+    """Blocks handed out to sequences and taken back: free list, block tables, reference counts."""
 
     def __init__(self, num_blocks: int, block_size: int = 16):
         if num_blocks < 1 or block_size < 1:
@@ -19,8 +18,7 @@ class BlockPool:
                              f"{block_size}")
         self.num_blocks, self.block_size = num_blocks, block_size
         self.free_blocks = deque(range(num_blocks))
-        # how many block tables hold each block (n > 1 completions share)
-        self.ref_count = [0] * num_blocks
+        self.ref_count = [0] * num_blocks  # tables that hold each block (n > 1 completions share)
         self.block_tables: dict = {}  # seq_id -> its physical block ids, in logical order
         self.num_tokens: dict = {}  # seq_id -> how many of its tokens have a slot
 
@@ -61,8 +59,7 @@ class BlockPool:
                                + n) - len(self.block_tables[seq_id]) <= self.num_free
 
     def append(self, seq_id, n: int = 1) -> list[int]:
-        """Record n more tokens of a sequence, taking new blocks as needed; returns the new
-        blocks."""
+        """Record n more tokens of a sequence, taking blocks as needed; returns the new blocks."""
         if seq_id not in self.block_tables:
             raise KeyError(f"sequence {seq_id!r} has no blocks: allocate it first")
         table = self.block_tables[seq_id]
@@ -90,8 +87,7 @@ class BlockPool:
         return block
 
     def _return_blocks(self, blocks: list[int]) -> None:
-        """A sequence let go of these blocks; one nobody holds any more is free again (lesson 04
-        keeps its content)."""
+        """Blocks a sequence let go; one nobody holds is free again (lesson 04 keeps its K/V)."""
         for block in blocks:
             self.ref_count[block] -= 1
             if self.ref_count[block] == 0:

@@ -26,25 +26,21 @@ def prefix_hashes(token_ids: list[int], block_size: int) -> list[int]:
 
 @dataclass
 class BlockRecord:
-    """What the prefix-caching manager knows about one physical block, besides its reference
-    count."""
-    # set once the block is full and a finished step wrote its K/V: findable from then on
-    hash: int | None = None
+    """What the prefix-caching manager knows of one physical block, besides its reference count."""
+    hash: int | None = None  # set once full and a finished step wrote its K/V: findable from then
     parent: int | None = None  # what that hash stands for: the previous block's hash ...
     tokens: tuple = ()  # ... and this block's tokens, compared on every hit (a hash can collide)
 
 
 class PrefixCachingBlockManager(BlockManager):
     """Lesson 03's manager, plus: full blocks named by content, shared by reference count, and kept
-    after their sequences finish (evictable, least recently used first) until their space is
-    needed."""
+    after their sequences finish (evictable, least recently used first) until space is needed."""
 
     def __init__(self, num_blocks: int, block_size: int = 16):
         super().__init__(num_blocks, block_size)
         self.records = [BlockRecord() for _ in range(num_blocks)]
         self.cached: dict[int, int] = {}  # hash -> the block found for that content
-        # unused blocks still cached, LRU first
-        self.evictable: OrderedDict[int, None] = OrderedDict()
+        self.evictable: OrderedDict[int, None] = OrderedDict()  # unused cached blocks, LRU first
 
     @property
     def num_free(self) -> int:
@@ -81,8 +77,9 @@ class PrefixCachingBlockManager(BlockManager):
         hits, parent, size = [], None, self.block_size
         for i, h in enumerate(prefix_hashes(token_ids[:-1], size)):
             block = self.cached.get(h)
-            expected = BlockRecord(h, parent, tuple(token_ids[i * size:(i + 1) * size]))
-            if block is None or self.records[block] != expected:
+            if block is None \
+                or (self.records[block].parent, self.records[block].tokens) != (parent,
+                        tuple(token_ids[i * size:(i + 1) * size])):
                 break  # a miss, or a hash collision
             hits.append(block)
             parent = h
@@ -94,8 +91,7 @@ class PrefixCachingBlockManager(BlockManager):
         self._check_new(seq_id, len(prompt_ids))
         hits = self.cached_prefix(prompt_ids) if reuse else []
         needed = self.blocks_for(len(prompt_ids)) - len(hits)
-        # counted as free, but we are keeping them
-        reusable = sum(1 for b in hits if b in self.evictable)
+        reusable = sum(1 for b in hits if b in self.evictable)  # counted as free, but we keep them
         if needed > self.num_free - reusable:
             raise OutOfBlocks(f"sequence {seq_id!r} needs {needed} new blocks, "
                               f"{self.num_free - reusable} are free")
@@ -114,14 +110,14 @@ class PrefixCachingBlockManager(BlockManager):
         table, size, records = self.block_tables[seq_id], self.block_size, self.records
         full = min(num_computed // size, len(table))
         first = full
-        # back to the last block already named
-        while first > 0 and records[table[first - 1]].hash is None:
+        while first > 0 and records[table[first - 1]].hash is None:  # back to the last named block
             first -= 1
         parent = records[table[first - 1]].hash if first else None
         for i in range(first, full):
             tokens = tuple(token_ids[i * size:(i + 1) * size])
             h = block_hash(parent, tokens)
-            records[table[i]] = BlockRecord(h, parent, tokens)
+            record = records[table[i]]
+            record.hash, record.parent, record.tokens = h, parent, tokens
             self.cached.setdefault(h, table[i])  # an equal block named earlier stays the one found
             parent = h
 
@@ -141,7 +137,6 @@ class PrefixCachingBlockManager(BlockManager):
 
 
 class PrefixCachingKVCache(PagedKVCache):
-    """Lesson 03's paged cache with the prefix-caching manager: `reserve` now reports cached
-    tokens."""
+    """Lesson 03's paged cache with the prefix-caching manager: `reserve` reports cached tokens."""
 
     block_manager_cls = PrefixCachingBlockManager

@@ -36,9 +36,8 @@ def padded_size(n: int, sizes: list[int]) -> int | None:
 
 
 class CUDAGraphs:
-    """Lesson 05's ModelRunner holds one of these (`runner.graphs`): decode steps replayed from
-    graphs recorded once per batch size. The runner asks `size_for` once per step, and replays or
-    runs eagerly."""
+    """Lesson 05's ModelRunner holds one (`runner.graphs`): decode steps replay graphs recorded
+    once per batch size; each step the runner asks `size_for`, then replays or runs eagerly."""
 
     def __init__(self, max_num_seqs: int):
         self.sizes = graph_sizes(max_num_seqs)
@@ -53,8 +52,7 @@ class CUDAGraphs:
 
     def start(self, runner) -> None:
         """At start-up, on rank 0: compile what the first requests would wait for, then record the
-        graphs, here and, at the same time, on every tensor-parallel worker (their collectives are
-        recorded too)."""
+        graphs here and, at once, on every tensor-parallel worker (recording their collectives)."""
         warm_up(runner)
         if runner.workers is not None:
             runner.workers.record_graphs(self.sizes)
@@ -83,8 +81,7 @@ class CUDAGraphs:
 
     @staticmethod
     def capture(forward, pool):
-        """Record forward() into a CUDA graph in this memory pool; returns (the graph, forward's
-        output)."""
+        """Record forward() into a CUDA graph in this pool; returns (the graph, its output)."""
         torch.cuda.synchronize()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=pool):
@@ -116,5 +113,5 @@ def warm_up(runner) -> None:
         finally:
             runner.cache.release(seq_id)
     for rows in (1, 3):
-        runner.sampler(logits.repeat(rows, 1), [SamplingParams(temperature=1.0)] * rows, [0]
-                       * rows, [0] * rows)
+        runner.sampler(logits.repeat(rows, 1), [SamplingParams(temperature=1.0)] * rows,
+                       [0] * rows, [0] * rows)

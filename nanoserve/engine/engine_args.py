@@ -16,10 +16,8 @@ import torch
 from nanoserve.model.config import ModelConfig
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "half": torch.float16,
-          "float32": torch.float32,
-          "float": torch.float32}
-# vLLM's kv_cache_dtype names ("auto": the model's dtype). fp8 is e4m3 with the scale fixed at 1.0
-# (lesson 06)
+          "float32": torch.float32, "float": torch.float32}
+# vLLM's kv_cache_dtype names ("auto": the model's dtype); fp8: e4m3, scale fixed at 1 (lesson 06)
 KV_CACHE_DTYPES = {"bfloat16": torch.bfloat16, "fp8": torch.float8_e4m3fn,
                    "fp8_e4m3": torch.float8_e4m3fn}
 
@@ -78,11 +76,9 @@ def resolve_device(device) -> torch.device:
 
 
 def num_kv_blocks(config: ModelConfig, block_size: int, dtype: torch.dtype, device: torch.device,
-                  max_num_seqs: int,
-                  max_model_len: int, gpu_memory_utilization: float,
+                  max_num_seqs: int, max_model_len: int, gpu_memory_utilization: float,
                   cpu_kv_cache_gib: float) -> int:
-    """How many KV blocks to allocate: a share of the GPU's free memory, or a fixed budget on a
-    CPU."""
+    """How many KV blocks to allocate: a share of a GPU's free memory, or a CPU's fixed budget."""
     block_bytes = (2 * config.num_layers * block_size * config.num_kv_heads * config.head_dim
                    * dtype.itemsize)
     if device.type == "cuda":
@@ -92,8 +88,7 @@ def num_kv_blocks(config: ModelConfig, block_size: int, dtype: torch.dtype, devi
         free, _ = torch.cuda.mem_get_info(device)
         total = torch.cuda.get_device_properties(device).total_memory
         return int((free - (1 - gpu_memory_utilization) * total) // block_bytes)
-    # no more than the longest possible batch needs
-    needed = max_num_seqs * -(-max_model_len // block_size)
+    needed = max_num_seqs * -(-max_model_len // block_size)  # no more than the longest batch needs
     return min(int(cpu_kv_cache_gib * 2**30 // block_bytes), needed)
 
 
@@ -160,10 +155,8 @@ class EngineArgs:
     block_size: int = 16
     enable_prefix_caching: bool = True
     enable_chunked_prefill: bool = True
-    # the KV pool's: "auto" (the model's dtype), "bfloat16", "fp8" (lesson 06)
-    kv_cache_dtype: str = "auto"
-    # None: eager on a CPU, CUDA graphs and torch.compile on a GPU
-    enforce_eager: bool | None = None
+    kv_cache_dtype: str = "auto"  # "auto" (the model's dtype), "bfloat16", "fp8" (lesson 06)
+    enforce_eager: bool | None = None  # None: eager on a CPU, CUDA graphs + torch.compile on a GPU
     tensor_parallel_size: int = 1
     gpu_memory_utilization: float = 0.9
     num_gpu_blocks_override: int | None = None
@@ -185,23 +178,20 @@ class EngineArgs:
     # sampling defaults: "auto" (the checkpoint's), "vllm" (none) or a folder
     generation_config: str = "auto"
     tokenizer: str | None = None  # a tokenizer directory or zoo name of its own (None: the model's)
-    # vLLM's; nanoserve never runs a checkpoint's own code, so only False
-    trust_remote_code: bool = False
+    trust_remote_code: bool = False  # vLLM's; only False: nanoserve never runs a checkpoint's code
     disable_log_stats: bool = True  # vLLM's (True for an LLM); False: the LLM keeps get_metrics()'s
     # vLLM's, for LLM.start_profile: a nanoserve.config.ProfilerConfig
     profiler_config: dict | None = None
-    # vLLM's logits_processors: LogitsProcessor classes of your own (features/processors.py),
-    # for the requests each wants (its wanted(params); by default those whose
-    # SamplingParams.extra_args name the class), or classes written for vLLM (batch-level:
-    # update_state, apply), or "module:Class" paths
+    # vLLM's logits_processors: LogitsProcessor classes of your own (features/processors.py), for
+    # the requests each wants (its wanted(params); by default those whose SamplingParams.extra_args
+    # name the class), or vLLM's (batch-level: update_state, apply), or "module:Class" paths
     logits_processors: tuple = ()
     parts: EngineParts = field(default_factory=EngineParts)
 
     def __post_init__(self):
         least = {"max_model_len": 1, "max_num_seqs": 1, "max_num_batched_tokens": 1,
-                 "block_size": 1,
-                 "tensor_parallel_size": 1, "max_logprobs": 0, "nnodes": 1, "node_rank": 0,
-                 "master_port": 1}
+                 "block_size": 1, "tensor_parallel_size": 1, "max_logprobs": 0, "nnodes": 1,
+                 "node_rank": 0, "master_port": 1}
         if self.num_gpu_blocks_override is not None:
             least["num_gpu_blocks_override"] = 1
         for name, lowest in least.items():

@@ -10,20 +10,19 @@ over torch.distributed: NCCL between GPUs (rank r on cuda:r), gloo on a CPU (eve
 
 The protocol: rank 0 talks to each worker over its own pipe (multiprocessing's Connection: pickled
 tuples). Rank 0 sends
-    ("kv", measure)                  how many KV blocks fit on your device? measure(device=...) says
-    -> ("kv", n) ("build", num_blocks, runner_args)  allocate your KV pool (the same num_blocks on
-    every rank) and runner ("graphs", sizes)                record your CUDA graphs, for these
-    decode batch sizes ("step", rows, size, copies)     run one forward ("stop",)
-    return: destroy the process group and exit
+    ("kv", measure)                how many KV blocks fit on your device? (measure(device=...) says)
+    ("build", num_blocks, ...)     allocate your KV pool (the same num_blocks on every rank), runner
+    ("graphs", sizes)              record your CUDA graphs, for these decode batch sizes
+    ("step", rows, size, copies)   run one forward
+    ("stop",)                      return: destroy the process group and exit
 and a worker sends ("hello",) once started, ("ready",) once its slice is loaded, ("kv", n), and
 ("error", traceback) if anything fails before it exits. A step has no reply: it is answered by
-joining rank 0's collectives. Its `rows` are the rows of rank 0's step-metadata host buffer that
-this step uses (step_rows; load_rows writes them into a builder): each rank copies them to its
-device and runs the same forward — lesson 05's ModelRunner.compute, a CUDA graph replay of `size`
-sequences for decode. A step whose input ids include placeholders (lesson 05's async scheduling:
-tokens rank 0 sampled one step ago, still on its GPU) gets them by a broadcast over the device
-group. `copies`: KV blocks the scheduler copies for forks before this step (each rank copies its own
-heads).
+joining rank 0's collectives. Its `rows` are the rows of rank 0's step-metadata host buffer it uses
+(step_rows; load_rows writes them into a builder): each rank copies them to its device and runs the
+same forward — lesson 05's ModelRunner.compute, a CUDA graph replay of `size` sequences for decode.
+Placeholders among its input ids (lesson 05's async scheduling: tokens rank 0 sampled a step ago,
+still on its GPU) come by a broadcast over the device group. `copies`: KV blocks the scheduler
+copies for forks before this step (each rank copies its own heads).
 
 Lifecycle. Workers are daemon processes started with `spawn`; they ignore Ctrl-C (rank 0 handles it)
 and exit on ("stop",), or as soon as rank 0's process is gone. In rank 0 a monitor thread waits on
@@ -67,18 +66,14 @@ from nanoserve.engine.model_runner import ModelRunner
 from nanoserve.model.loader import load_model
 from nanoserve.model.tp_layers import OneShotTPGroup, TPGroup
 
-# ----------------------------------------------------------------------------
-# Both sides: the process group, and a step's metadata as it travels
-
 
 def device_of(device_type: str, local_rank: int) -> torch.device:
-    """A rank's device: the GPU of its place on its machine (cuda:0 for the first rank of a
-    node)."""
+    """A rank's device: the GPU of its place on its machine (cuda:0 for a node's first rank)."""
     return torch.device("cuda", local_rank) if device_type == "cuda" else torch.device("cpu")
 
 
-def join_group(store, rank: int, size: int, device: torch.device, local_size: int
-               | None = None) -> None:
+def join_group(store, rank: int, size: int, device: torch.device,
+               local_size: int | None = None) -> None:
     """Join the default process group: NCCL between GPUs, gloo on a CPU. local_size: the ranks on
     this machine (None: all of them)."""
     if device.type == "cuda":
@@ -86,10 +81,9 @@ def join_group(store, rank: int, size: int, device: torch.device, local_size: in
         dist.init_process_group("nccl", store=store, rank=rank, world_size=size, device_id=device)
     else:
         dist.init_process_group("gloo", store=store, rank=rank, world_size=size)
-        # The ranks share the CPU's cores: more threads than cores, and each rank's idle threads
-        # spin while another rank's need the core (a TP=2 step on 2 cores ran ~10x slower). Never
-        # more than the process was given (OMP_NUM_THREADS): two nodes may share one machine, as in
-        # the tests.
+        # The ranks share the CPU's cores: with more threads than cores, idle threads spin while
+        # another rank's need the core (a TP=2 step on 2 cores ran ~10x slower). Never more than the
+        # process was given (OMP_NUM_THREADS): two nodes may share one machine, as in the tests.
         share = len(os.sched_getaffinity(0)) // (local_size or size)
         torch.set_num_threads(max(1, min(share, torch.get_num_threads())))
 
@@ -117,8 +111,7 @@ def step_rows(builder, meta) -> dict:
 
 
 def load_rows(builder, rows: dict) -> StepMetadata:
-    """step_rows' inverse, on this rank's builder: write them, copy them to the device, view
-    them."""
+    """step_rows' inverse, on this rank's builder: write, copy to the device, view them."""
     builder.next_buffer()
     host, tables = builder.host, rows["block_tables"]
     for name in builder.sizes:
@@ -131,10 +124,6 @@ def load_rows(builder, rows: dict) -> StepMetadata:
     return StepMetadata(*views, *rows["scalars"], len(rows["carried_rows"]))
 
 
-# ----------------------------------------------------------------------------
-# A worker: ranks 1..N-1
-
-
 def watch_parent() -> None:
     """Exit as soon as the parent (rank 0's process, or a headless node's) is gone, even from inside
     a collective that will never end."""
@@ -143,9 +132,8 @@ def watch_parent() -> None:
 
 
 def worker_main(rank: int, size: int, conn, store_at: tuple[str, int], path: str,
-                dtype: torch.dtype,
-                device_type: str, compiled: bool, custom_all_reduce: bool, parts: dict,
-                local_size: int | None = None) -> None:
+                dtype: torch.dtype, device_type: str, compiled: bool, custom_all_reduce: bool,
+                parts: dict, local_size: int | None = None) -> None:
     """A worker process's whole life: join the group, load its slice, then serve rank 0's commands.
     conn: its pipe or socket to rank 0; store_at: (host, port) of rank 0's TCPStore; local_size:
     ranks a machine."""
@@ -205,17 +193,13 @@ def serve(conn, model, device: torch.device, parts: dict) -> None:
             raise ValueError(f"unknown command {kind!r} from rank 0")
 
 
-# ----------------------------------------------------------------------------
-# Rank 0
-
-
 class TPWorkers:
     """Rank 0's side: starts the workers, loads rank 0's slice (`.model`), sends steps, watches for
     deaths, and shuts everything down."""
 
     def __init__(self, path, dtype: torch.dtype, device: torch.device, size: int, compiled: bool,
-                 custom_all_reduce: bool = False, parts: dict | None = None, nodes: dict
-                 | None = None):
+                 custom_all_reduce: bool = False, parts: dict | None = None,
+                 nodes: dict | None = None):
         """parts: {"model": ..., "graphs": ...}, import paths of the classes the workers build
         (spawned: each is a fresh Python, which imports them). nodes: EngineArgs' nnodes, node_rank,
         master_addr and master_port, for a group over several machines (section 7; None: this
@@ -257,14 +241,12 @@ class TPWorkers:
             ours, theirs = ctx.Pipe()
             proc = ctx.Process(target=worker_main, name=f"nanoserve-tp-rank{rank}", daemon=True,
                                args=(rank, size, theirs, (host, store.port), str(path), dtype,
-                                     device.type,
-                                     compiled, custom_all_reduce, self.parts, local))
+                                     device.type, compiled, custom_all_reduce, self.parts, local))
             proc.start()
             theirs.close()  # the worker's end lives in the worker only: its exit closes the pipe
             self.procs.append(proc)
             self.conns.append(ours)
-        # what to wait on to see worker rank r gone: its process, or the socket of the node that
-        # runs it
+        # what to wait on to see worker rank r gone: its process, or the socket of its node
         self.deaths = [proc.sentinel for proc in self.procs]
         controls = {}  # a node's socket -> its description, watched by the monitor
         if self.nodes is not None:
@@ -272,16 +254,13 @@ class TPWorkers:
             self.deaths += [self.nodes.control_of(rank) for rank in range(local, size)]
             controls = self.nodes.described()
         self._wake, wake = ctx.Pipe()
-        # set by the monitor as it returns (after its abort, if it aborts)
-        settled = threading.Event()
-        threading.Thread(target=monitor,
-                         args=(self.procs, wake, self.failures, device.type == "cuda", settled,
-                                               controls), daemon=True).start()
+        settled = threading.Event()  # set by the monitor as it returns (after its abort, if any)
+        args = (self.procs, wake, self.failures, device.type == "cuda", settled, controls)
+        threading.Thread(target=monitor, args=args, daemon=True).start()
         self.closed = None  # why the group cannot run steps any more, once it cannot
         # shutdown stops the other nodes as it stops the workers: ("stop",) on their sockets too
         self._finalizer = weakref.finalize(self, stop, self.procs, [*self.conns, *controls],
-                                           self._wake, settled,
-                                           torch.get_num_threads())
+                                           self._wake, settled, torch.get_num_threads())
         try:
             try:
                 self.replies("hello")
@@ -295,14 +274,11 @@ class TPWorkers:
             join_group(store, 0, size, self.device, local)
             group = tp_group(0, size, dtype, self.device, custom_all_reduce)
             self.model = load_model(path, dtype, self.device, import_part(self.parts["model"]),
-                                    group=group,
-                                    compiled=compiled)
+                                    group=group, compiled=compiled)
             self.replies("ready")
         except BaseException:
             self.shutdown()
             raise
-
-    # -- talking to the workers
 
     def send(self, message: tuple) -> None:
         self.check()
@@ -333,16 +309,14 @@ class TPWorkers:
         return out
 
     def fewest_kv_blocks(self, own: int, measure) -> int:
-        """How many KV blocks every rank can hold: the smallest number any rank has room for.
-        measure(device) counts the blocks that fit on a device (every rank's blocks have the same
-        size)."""
+        """How many KV blocks every rank can hold: the fewest any rank has room for. measure(device)
+        counts the blocks that fit on a device (every rank's blocks have the same size)."""
         self.send(("kv", measure))
         return min([own] + [n for n, in self.replies("kv")])
 
     def build(self, num_blocks: int, block_size: int, kv_dtype: torch.dtype, max_num_seqs: int,
               max_num_batched_tokens: int, max_model_len: int) -> None:
-        """Every worker allocates its KV pool (num_blocks of kv_dtype, as rank 0's) and its model
-        runner."""
+        """Each worker builds its model runner and KV pool (num_blocks of kv_dtype, as rank 0's)."""
         self.send(("build", num_blocks, block_size, kv_dtype,
                    dict(max_num_seqs=max_num_seqs, max_model_len=max_model_len,
                         max_num_batched_tokens=max_num_batched_tokens)))
@@ -355,12 +329,9 @@ class TPWorkers:
         self.send(("step", step_rows(builder, meta), size, copies))
 
     def share_inputs(self, meta) -> None:
-        """A step with placeholders: rank 0 has put the tokens it sampled into its input ids; so do
-        the others."""
+        """A step with placeholders: the others get the tokens rank 0 sampled into its input ids."""
         if meta.num_carried:
             dist.broadcast(meta.input_ids, src=0)
-
-    # -- deaths and failures
 
     def check(self) -> None:
         if self.closed is not None:
@@ -369,8 +340,7 @@ class TPWorkers:
 
     def fail(self, error: BaseException | None):
         """A step or a message failed: if a worker died, say which (waiting a moment for the monitor
-        to see it); either way the ranks are no longer in step, so shut everything down and
-        raise."""
+        to see it); either way the ranks are out of step, so shut everything down and raise."""
         deadline = time.monotonic() + 3
         while not self.failures and time.monotonic() < deadline:
             time.sleep(0.01)
@@ -408,8 +378,7 @@ class TPWorkers:
 
 def monitor(procs: list, wake, failures: list, abort_on_death: bool, settled: threading.Event,
             controls: dict | None = None) -> None:
-    """The monitor thread: wait until a worker exits or another node goes, or until shutdown wakes
-    it."""
+    """The monitor thread: wait until a worker exits or another node goes, or shutdown wakes it."""
     try:
         watch(procs, wake, failures, abort_on_death, controls or {})
     finally:
@@ -454,8 +423,7 @@ def stop(procs: list, conns: list, wake, settled: threading.Event, num_threads: 
     deadline = time.monotonic() + 5
     for proc in procs:
         proc.join(max(0.0, deadline - time.monotonic()))
-        # stuck, e.g. in a collective rank 0 left: there is nothing left to save
-        if proc.is_alive():
+        if proc.is_alive():  # stuck, e.g. in a collective rank 0 left: nothing left to save
             proc.kill()
             proc.join()
     for conn in (*conns, wake):

@@ -23,8 +23,7 @@ def to_cache_dtype(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 
 def store_kv(k_cache, v_cache, slot_mapping, k, v) -> None:
-    """Write token i's k[i], v[i] into slot slot_mapping[i]; a negative slot means skip
-    (padding)."""
+    """Write token i's k[i], v[i] into slot slot_mapping[i]; a negative slot (padding): skip."""
     keep = slot_mapping >= 0
     # only padding rows have no slot: the masks (a few ops each) only when there are any
     if not keep.all():
@@ -52,8 +51,7 @@ def paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scal
     """One new token per sequence: q [B, heads, head_dim] -> [B, heads, head_dim]."""
     longest = max_context_len or int(context_lens.max())
     # gather_kv for the whole batch in one indexing op: [B, blocks, block_size, ...] -> [B, tokens,
-    # ...]. A -1 (no block) reads block 0; those slots lie past the row's length, and the mask below
-    # hides them.
+    # ...]. A -1 (no block) reads block 0, at slots past the row's length, which the mask hides.
     blocks = block_tables[:, : -(-longest // k_cache.shape[1])].clamp(min=0).long()
     shape = (len(blocks), -1, *k_cache.shape[2:])  # [B, blocks * block_size, kv_heads, head_dim]
     flat = blocks.flatten()
@@ -61,12 +59,11 @@ def paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scal
     v = v_cache.index_select(0, flat).view(shape)
     # Lesson 02's decode_attention, in torch's fused attention: one op where that function runs a
     # dozen (on a CPU each op's overhead is most of its time; bench/cpu_paged_decode.py times the
-    # two). As there, the group of query heads that shares a kv head is that head's rows of queries:
-    # q as [B, kv_heads, group, head_dim] against K/V [B, kv_heads, tokens, head_dim], no copy per
-    # query head.
+    # two). As there, the query heads sharing a kv head are that head's rows of queries: q as
+    # [B, kv_heads, group, head_dim] against K/V [B, kv_heads, tokens, head_dim], no copy per query
+    # head. filled: [B, tokens].
     B, num_heads, head_dim = q.shape
     kv_heads = k.shape[2]
-    # [B, tokens]
     filled = torch.arange(k.shape[1], device=q.device)[None, :] < context_lens[:, None]
     out = torch.nn.functional.scaled_dot_product_attention(
         q.float().view(B, kv_heads, num_heads // kv_heads, head_dim), k.transpose(1, 2).float(),
@@ -75,8 +72,7 @@ def paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scal
 
 
 def paged_prefill_attention(q, k_cache, v_cache, cu_seqlens_q, context_lens, block_tables,
-                            scale=None,
-                            max_query_len=None):
+                            scale=None, max_query_len=None):
     """New tokens of several sequences, flat: q [T, heads, head_dim] -> [T, heads, head_dim].
 
     Sequence b's new tokens are rows cu_seqlens_q[b]:cu_seqlens_q[b+1]; they are the last tokens of
@@ -86,8 +82,7 @@ def paged_prefill_attention(q, k_cache, v_cache, cu_seqlens_q, context_lens, blo
     q_scaled, out = q if scale is None else q.float() * (scale * q.shape[-1] ** 0.5), []
     for b, length in enumerate(context_lens.tolist()):
         start, end = int(cu_seqlens_q[b]), int(cu_seqlens_q[b + 1])
-        k, v = gather_kv(k_cache, block_tables[b], length), gather_kv(v_cache, block_tables[b],
-                                                                      length)
+        k, v = (gather_kv(cache, block_tables[b], length) for cache in (k_cache, v_cache))
         k, v = k.to(q_scaled.dtype), v.to(q_scaled.dtype)  # a cache in another dtype is read as q's
         # lesson 01: keys may outnumber queries
         out.append(causal_attention(q_scaled[start:end], k, v))

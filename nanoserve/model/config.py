@@ -14,8 +14,7 @@ REQUIRED_KEYS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attentio
                  "intermediate_size", "rms_norm_eps")
 # The largest open models have about a trillion parameters; a config with ten times that is broken.
 MAX_PARAMETERS = 10**13
-# The longest contexts models are trained for are about 10M tokens; lesson 06 keeps a RoPE table
-# that long.
+# The longest trained contexts are about 10M tokens; lesson 06 keeps a RoPE table that long.
 MAX_POSITIONS = 2**24
 
 
@@ -69,10 +68,8 @@ class ModelConfig:
         archs = hf.get("architectures") or []
         arch = next((a for a in archs if a in SUPPORTED_ARCHITECTURES), None)
         if arch is None:
-            raise ValueError(
-                f"{source}: unsupported architecture {archs or hf.get('model_type')!r}; "
-                f"nanoserve runs {sorted(SUPPORTED_ARCHITECTURES)}"
-            )
+            raise ValueError(f"{source}: unsupported architecture {archs or hf.get('model_type')!r}"
+                             f"; nanoserve runs {sorted(SUPPORTED_ARCHITECTURES)}")
         if hf.get("attention_bias") or hf.get("mlp_bias"):
             raise ValueError(f"{source}: linear layers with bias are not supported")
         if hf.get("hidden_act", "silu") != "silu":
@@ -90,8 +87,7 @@ class ModelConfig:
             raise ValueError(f"{source}: missing required key(s) {', '.join(missing)}")
 
         def positive(key, default=None, kind=int):
-            """hf[key] (or `default` when absent), which must be a positive number of type
-            `kind`."""
+            """hf[key] (or `default` if absent), which must be a positive number of type `kind`."""
             value = default if hf.get(key) is None else hf[key]
             number = int if kind is int else (int, float)
             # bool is an int in Python; a string, a fractional size or 0 means a broken file
@@ -105,28 +101,21 @@ class ModelConfig:
         if num_heads % num_kv_heads:
             raise ValueError(f"{source}: {num_heads} query heads cannot share {num_kv_heads} "
                              "key/value heads")
-        config = cls(
-            architecture=arch,
-            vocab_size=positive("vocab_size"),
-            hidden_size=hidden_size,
-            num_layers=positive("num_hidden_layers"),
-            num_heads=num_heads,
-            num_kv_heads=num_kv_heads,
-            head_dim=positive("head_dim", hidden_size // num_heads),
-            intermediate_size=positive("intermediate_size"),
-            rms_norm_eps=positive("rms_norm_eps", kind=float),
-            rope_theta=positive("rope_theta", 10000.0, kind=float),
-            max_position_embeddings=positive("max_position_embeddings", 4096),
-            tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
-            qk_norm=SUPPORTED_ARCHITECTURES[arch],
-        )
+        config = cls(architecture=arch, vocab_size=positive("vocab_size"), hidden_size=hidden_size,
+                     num_layers=positive("num_hidden_layers"), num_heads=num_heads,
+                     num_kv_heads=num_kv_heads,
+                     head_dim=positive("head_dim", hidden_size // num_heads),
+                     intermediate_size=positive("intermediate_size"),
+                     rms_norm_eps=positive("rms_norm_eps", kind=float),
+                     rope_theta=positive("rope_theta", 10000.0, kind=float),
+                     max_position_embeddings=positive("max_position_embeddings", 4096),
+                     tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
+                     qk_norm=SUPPORTED_ARCHITECTURES[arch])
         if config.max_position_embeddings > MAX_POSITIONS:
             raise ValueError(f"{source}: max_position_embeddings is "
-                             f"{config.max_position_embeddings:,}, more "
-                             "than any model is trained for (nanoserve's limit is "
-                             f"{MAX_POSITIONS:,})")
-        # refused here, before anyone tries to allocate it
-        if config.num_parameters() > MAX_PARAMETERS:
+                             f"{config.max_position_embeddings:,}, more than any model is trained "
+                             f"for (nanoserve's limit is {MAX_POSITIONS:,})")
+        if config.num_parameters() > MAX_PARAMETERS:  # refused here, before anyone allocates it
             raise ValueError(f"{source}: these sizes make {config.num_parameters():.3g} "
                              "parameters, "
                              f"more than any model has (nanoserve's limit is {MAX_PARAMETERS:.0e})")
@@ -134,13 +123,11 @@ class ModelConfig:
 
     def num_parameters(self) -> int:
         """How many weights the model has, from the sizes alone: the embedding, each layer's
-        attention, MLP and norms, the final norm, and the LM head unless it is the embedding
-        (tied)."""
+        attention, MLP and norms, the final norm, and the LM head unless tied to the embedding."""
         h, d = self.hidden_size, self.head_dim
         attention = 2 * h * d * (self.num_heads + self.num_kv_heads)  # q and o; k and v
         mlp = 3 * h * self.intermediate_size  # gate, up, down
-        # before attention and MLP; Qwen3's q and k norms
-        norms = 2 * h + (2 * d if self.qk_norm else 0)
+        norms = 2 * h + (2 * d if self.qk_norm else 0)  # before attention and MLP; Qwen3's q and k
         embeddings = self.vocab_size * h * (1 if self.tie_word_embeddings else 2)
         return embeddings + self.num_layers * (attention + mlp + norms) + h
 

@@ -27,8 +27,7 @@ def default_dtype(device) -> torch.dtype:
 
 
 def open_weights(file: Path, device="cpu"):
-    """safe_open, but a truncated or empty file fails naming itself (safetensors' error does
-    not)."""
+    """safe_open, but a truncated or empty file fails naming itself (safetensors' does not)."""
     try:
         return safe_open(file, framework="pt", device=str(device))
     except SafetensorError as e:
@@ -117,11 +116,10 @@ def files_to_read(path: Path, names, tied: bool) -> dict[Path, list[str]]:
 
 @contextlib.contextmanager
 def no_random_init():
-    """torch.nn.init.normal_ does nothing while the model is built (every tensor is filled from the
-    checkpoint next). On the meta device an init costs no memory, but torch runs nn.Embedding's meta
-    normal_ through Python code that imports torch.compile's machinery, seconds of an eager CPU
-    engine's start spent for nothing. The other inits (uniform_ for nn.Linear) cost nothing there
-    and are left alone."""
+    """torch.nn.init.normal_ does nothing while the model is built (the checkpoint fills every
+    tensor next). On the meta device an init costs no memory, but torch runs nn.Embedding's meta
+    normal_ through Python code that imports torch.compile's machinery: seconds of an eager CPU
+    engine's start, for nothing. The other inits (uniform_ for nn.Linear) cost nothing there."""
     saved = torch.nn.init.normal_
     torch.nn.init.normal_ = lambda tensor, *args, **kwargs: tensor
     try:
@@ -131,29 +129,24 @@ def no_random_init():
 
 
 def load_model(path, dtype: torch.dtype | None = None, device=None, model_cls=Qwen3ForCausalLM, *,
-               group=None,
-               **model_args) -> Qwen3ForCausalLM:
+               group=None, **model_args) -> Qwen3ForCausalLM:
     """The model (model_cls: lesson 06 passes its fused model) with the checkpoint's weights, in
-    eval mode.
-
-    group (lesson 07's TPGroup; None: the whole model): `group.shard(model)` cuts the model, still
-    on the meta device, to this rank's share and returns its slice plan, checkpoint name -> (the
-    dimension it is cut along, the first index this rank reads); a name it leaves out is read whole.
-    A cut tensor is read slice by slice (safetensors' get_slice reads only those rows or columns),
-    so no rank reads the whole model."""
+    eval mode. group (lesson 07's TPGroup; None: the whole model): `group.shard(model)` cuts the
+    model, still on the meta device, to this rank's share and returns its slice plan, checkpoint
+    name -> (the dimension it is cut along, the first index this rank reads); a name it leaves out
+    is read whole. A cut tensor is read slice by slice (safetensors' get_slice reads only those
+    rows or columns), so no rank reads the whole model."""
     path = Path(path)
     if not path.is_dir():
         raise FileNotFoundError(f"{path}: model directory does not exist")
     config = ModelConfig.from_dir(path)
     device = torch.device(device) if device is not None else default_device()
     dtype = dtype or default_dtype(device)
-    # a rank of a group holds about 1/size of the weights
-    share = group.size if group is not None else 1
+    share = group.size if group is not None else 1  # a rank holds about 1/size of the weights
     # 100,000 layers fail here, not in a minute
     check_memory(config, dtype, device, path / "config.json", share)
 
-    # shapes only: no memory, no random init to throw away
-    with torch.device("meta"), no_random_init():
+    with torch.device("meta"), no_random_init():  # shapes only: no memory, no random init wasted
         model = model_cls(config, **model_args)
         # what the config says
         shapes = {name: tuple(t.shape) for name, t in model.checkpoint_tensors().items()}
@@ -179,9 +172,7 @@ def load_model(path, dtype: torch.dtype | None = None, device=None, model_cls=Qw
                     dim, start = plan.get(name, (None, 0))
                     if dim is None:
                         tensor = f.get_tensor(name)
-                    # this rank's rows (dim 0) or columns (1); the last vocabulary slice may be
-                    # short
-                    else:
+                    else:  # its rows (dim 0) or columns (1); the last vocabulary slice may be short
                         stop = min(start + param.shape[dim], shapes[name][dim])
                         tensor = source[start:stop] if dim == 0 else source[:, start:stop]
                         # padding
@@ -214,8 +205,7 @@ TOKENIZER_FILES = (("tokenizer.json",), ("tokenizer.model",), ("vocab.json", "me
 
 
 def custom_code(path: Path) -> str:
-    """The auto_map entries by which a checkpoint asks transformers to import its own tokenizer
-    code."""
+    """The auto_map entries by which a checkpoint asks transformers to import its tokenizer code."""
     entries = []
     for name in ("tokenizer_config.json", "config.json"):
         auto_map = read_json(path / name).get("auto_map") if (path / name).is_file() else None
@@ -248,9 +238,8 @@ def named_tokenizer_class(path: Path):
              for name in ("tokenizer_config.json", "config.json")}
     name = saved["tokenizer_config.json"].get("tokenizer_class")
     model_type = saved["config.json"].get("model_type")
-    if not isinstance(name, str) \
-        or (model_type, name.removesuffix("Fast")) not in DIRECT_TOKENIZERS or any(
-            "auto_map" in s for s in saved.values()):
+    if not isinstance(name, str) or any("auto_map" in s for s in saved.values()) \
+        or (model_type, name.removesuffix("Fast")) not in DIRECT_TOKENIZERS:
         return None
     import transformers
     return getattr(transformers, name.removesuffix("Fast"))

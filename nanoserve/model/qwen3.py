@@ -79,8 +79,7 @@ class Attention(nn.Module):
             self.k_norm = RMSNorm(config.head_dim, config.rms_norm_eps)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                backend: AttentionBackend,
-                meta: Any = None) -> torch.Tensor:
+                backend: AttentionBackend, meta: Any = None) -> torch.Tensor:
         T = x.shape[0]
         q = self.q_proj(x).view(T, self.num_heads, self.head_dim)
         k = self.k_proj(x).view(T, self.num_kv_heads, self.head_dim)

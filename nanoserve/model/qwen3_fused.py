@@ -6,9 +6,8 @@ the residual add inside the next RMSNorm, q/k-norm with RoPE, SiLU with the mult
 cos/sin looked up from a table. Same checkpoints, same results, a third of the kernel launches.
 
 Each fused op is one plain-torch function (the reference, and what a CPU runs eagerly) that
-torch.compile turns into one or two kernels, where eager PyTorch launches one kernel per operation.
-They compute what lesson 01's model computes (with lesson 01's rms_norm), in the same dtypes, so the
-eager tokens stay the tokens.
+torch.compile turns into one or two kernels, where eager PyTorch launches one per operation. They
+compute what lesson 01's model does (with its rms_norm), in the same dtypes: the same eager tokens.
 
 Packed weights still load tensor by tensor: `checkpoint_tensors()` maps each checkpoint name
 (q_proj, k_proj, ...) to its rows of the packed matrix, so lesson 01's loader never needs the
@@ -37,8 +36,7 @@ def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
 
 
 def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate x [T, heads, D] by cos/sin [T, D/2]: pair j with j + D/2, without building
-    rotate_half."""
+    """Rotate x [T, heads, D] by cos/sin [T, D/2]: pair j with j + D/2, building no rotate_half."""
     x1, x2 = x.chunk(2, dim=-1)
     cos, sin = cos[:, None, :], sin[:, None, :]
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
@@ -49,8 +47,7 @@ def qk_norm_rope(q, k, q_weight, k_weight, eps: float, cos, sin):
     if q_weight is not None:
         q, k = rms_norm(q, q_weight, eps), rms_norm(k, k_weight, eps)
     # q's heads and k's rotated together, in one pass: eight ops where two passes run fourteen
-    # (eagerly, on a CPU, each op's overhead is most of its time); each element's arithmetic is the
-    # same
+    # (eagerly, on a CPU, each op's overhead is most of its time); the same arithmetic per element
     return rope(torch.cat([q, k], dim=1), cos, sin).split([q.shape[1], k.shape[1]], dim=1)
 
 
@@ -63,10 +60,8 @@ def rope_table(max_positions: int, head_dim: int, theta: float, dtype) -> torch.
 
 
 class FusedOps:
-    """The ops a fused model calls: the plain functions above, or their torch.compile'd versions.
-
-    dynamic=True: one compiled kernel serves every number of tokens (sizes 0 and 1 still get their
-    own)."""
+    """The ops a fused model calls: the plain functions above, or their torch.compile'd versions
+    (dynamic=True: one compiled kernel for every number of tokens; sizes 0 and 1 get their own)."""
 
     NAMES = ("rms_norm", "add_rms_norm", "silu_and_mul", "qk_norm_rope")
 
@@ -100,8 +95,7 @@ class FusedOps:
 
 
 def _on_gpu_triton_qk_norm_rope(elsewhere):
-    """kernels/triton_fused.py's triton_qk_norm_rope for heads on a GPU (imported there only),
-    `elsewhere` on a CPU."""
+    """kernels/triton_fused.py's triton_qk_norm_rope for heads on a GPU, `elsewhere` otherwise."""
     def op(q, k, q_weight, k_weight, eps, cos, sin):
         if q.is_cuda and q.shape[-1] in (64, 128, 256):
             from nanoserve.kernels import triton_fused  # imported on GPU machines only
@@ -113,11 +107,9 @@ def _on_gpu_triton_qk_norm_rope(elsewhere):
 @functools.cache
 def _compile(fn):
     """One compiled function per op, shared by every model in the process (compiling is slow).
-
     dynamic=True still compiles sizes 0 and 1 apart ("0/1 specialisation"): one more compile at
-    start-up. Marking the token dimension unbacked (torch._dynamo.mark_unbacked) avoids it, but the
-    kernels compiled for an unbacked size made the workload's prefill steps slower on an H200, so we
-    pay the one compile."""
+    start-up. Marking the token dimension unbacked (torch._dynamo.mark_unbacked) avoids it, but its
+    kernels made the workload's prefill steps slower on an H200, so we pay the one compile."""
     return torch.compile(fn, dynamic=True, fullgraph=True)
 
 
@@ -128,9 +120,8 @@ def one_row_on_gpu(x: torch.Tensor) -> bool:
 
 
 class Linear(nn.Linear):
-    """nn.Linear without a bias, whose one-row products on a GPU (a batch-1 decode step) go through
-    a Triton matrix-vector kernel: at one row cuBLAS reads the weights about half as fast (section
-    8)."""
+    """nn.Linear without a bias whose one-row products on a GPU (batch-1 decode) go through section
+    8's Triton matrix-vector kernel: at one row cuBLAS reads the weights about half as fast."""
 
     def __init__(self, in_features: int, out_features: int):
         super().__init__(in_features, out_features, bias=False)
@@ -149,8 +140,7 @@ class PackedAttention(nn.Module):
         self.num_heads, self.num_kv_heads = config.num_heads, config.num_kv_heads
         self.head_dim = config.head_dim
         # q, k, v
-        self.sizes = [config.num_heads * config.head_dim] + [config.num_kv_heads
-                                                             * config.head_dim] * 2
+        self.sizes = [config.num_heads * self.head_dim] + [config.num_kv_heads * self.head_dim] * 2
         self.qkv_proj = Linear(config.hidden_size, sum(self.sizes))
         self.o_proj = Linear(self.sizes[0], config.hidden_size)
         self.qk_norm = config.qk_norm
@@ -179,8 +169,7 @@ class PackedMLP(nn.Module):
         self.down_proj = Linear(config.intermediate_size, config.hidden_size)
 
     def forward(self, gate_up: torch.Tensor) -> torch.Tensor:
-        """From gate and up, already projected (the layer runs gate_up_proj together with its
-        norm)."""
+        """From gate and up, already projected (the layer runs gate_up_proj with its norm)."""
         return self.ops.silu_linear(gate_up, self.down_proj)
 
 
@@ -214,8 +203,7 @@ class FusedQwen3Model(nn.Module):
         self.layers = nn.ModuleList(FusedDecoderLayer(config, i, ops)
                                     for i in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        # cos/sin of every position: made at the first forward, on the weights' device
-        self.rope = None
+        self.rope = None  # the cos/sin table: made at the first forward, on the weights' device
 
     def forward(self, input_ids, positions, backend: AttentionBackend,
                 meta: Any = None) -> torch.Tensor:

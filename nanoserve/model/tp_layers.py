@@ -5,8 +5,7 @@
 holds a slice of every weight matrix and computes a slice of the layer's work; one collective puts
 the pieces together.
 
-Two ways to cut a linear layer y = x @ W.T (W is [out_features, in_features], as nn.Linear stores
-it):
+Two ways to cut a linear y = x @ W.T (W is [out_features, in_features], as nn.Linear stores it):
 - column-parallel: each rank holds some ROWS of W (some output features). Its output is a slice of
   y, and nothing needs to be communicated as long as the next layer only needs that slice (attention
   heads, the MLP's gate and up).
@@ -14,8 +13,7 @@ it):
   which is what a column-parallel layer left it. Each rank's product is a partial sum of y: one
   all-reduce adds them up. Attention's o_proj and the MLP's down_proj are cut this way, so a whole
   transformer layer costs two all-reduces.
-The embedding and the LM head are cut along the vocabulary: each rank holds the rows of its share of
-the tokens.
+The embedding and the LM head are cut along the vocabulary: each rank holds its tokens' rows.
 
 A column-parallel layer is a plain nn.Linear holding fewer rows, so none is defined here. `shard`
 gives a rank its share of the model and returns the slice plan, which rows or columns of each
@@ -55,8 +53,7 @@ class TPGroup:
         return x
 
     def all_gather(self, x: torch.Tensor) -> torch.Tensor:
-        """Every rank's x [rows, n] side by side along the last dimension: [rows, size * n], rank
-        order."""
+        """Every rank's x [rows, n], side by side in rank order: [rows, size * n]."""
         if self.size == 1:
             return x
         rows, n = x.shape
@@ -75,8 +72,7 @@ class TPGroup:
         return n // self.size
 
     def shard(self, model) -> dict[str, tuple[int, int]]:
-        """Lesson 01's loader's hook: cut `model` (on the meta device) to this rank's share; its
-        slice plan."""
+        """Loader hook: cut `model` (on the meta device) to this rank's share; its slice plan."""
         return shard(model, self)  # section 3
 
 
@@ -188,10 +184,8 @@ def shard(model: FusedQwen3ForCausalLM, group: TPGroup) -> dict[str, tuple[int, 
     if not isinstance(model, FusedQwen3ForCausalLM):
         raise TypeError("tensor parallelism cuts lesson 06's FusedQwen3ForCausalLM, not "
                         f"{type(model).__name__}")
-    # the whole model's (the vocabulary the engine checks token ids against)
-    c = model.full_config = model.config
-    # this rank's share: the engine sizes the rank's KV pool by it
-    local = model.config = rank_config(c, group)
+    c = model.full_config = model.config  # the whole model's: the engine checks token ids by it
+    local = model.config = rank_config(c, group)  # this rank's share: its KV pool is sized by it
     hidden = c.hidden_size
     for i, layer in enumerate(model.model.layers):
         # fewer rows of qkv_proj: its heads
@@ -201,8 +195,7 @@ def shard(model: FusedQwen3ForCausalLM, group: TPGroup) -> dict[str, tuple[int, 
         layer.mlp.down_proj = RowParallelLinear(c.intermediate_size, hidden, group)
     model.model.embed_tokens = VocabParallelEmbedding(c.vocab_size, hidden, group)
     model.lm_head = ParallelLMHead(c.vocab_size, hidden, group)
-    if c.tie_word_embeddings:
-        # the same rows: both are cut by vocabulary
+    if c.tie_word_embeddings:  # the same rows: both are cut by vocabulary
         model.lm_head.weight = model.model.embed_tokens.weight
     cuts = checkpoint_slices(c, group)
     # q_proj, ..., input_layernorm
@@ -224,12 +217,10 @@ class OneShotTPGroup(TPGroup):
 
         self.group_name = dist.group.WORLD.group_name
         self.buffer = symm_mem.empty(self.max_bytes // dtype.itemsize, dtype=dtype, device=device)
-        # every rank maps every other rank's buffer
-        symm_mem.rendezvous(self.buffer, self.group_name)
+        symm_mem.rendezvous(self.buffer, self.group_name)  # every rank maps every other's buffer
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
-        """Every rank's x summed, on every rank (a new tensor on the one-shot path; x itself on
-        NCCL's)."""
+        """Every rank's x summed, on every rank (one-shot: in a new tensor; NCCL: in x itself)."""
         if x.dtype != self.buffer.dtype or x.numel() > self.buffer.numel() or not x.is_contiguous():
             return super().all_reduce(x)
         staging = self.buffer[:x.numel()].view(x.shape)  # this rank's slot, which the peers read
