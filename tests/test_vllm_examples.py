@@ -359,6 +359,39 @@ def test_llm_engine_reset_kv_example():
         engine.add_request("3", "x", params) or engine.add_request("3", "x", params)
 
 
+def test_llm_engine_steps_on_after_a_ctrl_c_in_a_step():
+    """A Ctrl-C in the middle of a step (between two sequences' tokens) of vLLM's LLMEngine: stepping on finishes
+    every request with the tokens of a run never interrupted, the one that finished in that very step included
+    (its last token had been handed out before the step stopped)."""
+    from nanoserve import LLMEngine
+
+    engine = LLMEngine.from_engine_args(EngineArgs(**MODEL))
+    short, long = (SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in (5, 12))
+    engine.add_request("short", "A robot may not injure a human being", short)
+    engine.add_request("long", "A robot may not injure a human being", long)
+    inner, original, interrupted = engine.llm.engine, engine.llm.engine.update, []
+
+    def update(seq, *args):  # the long request's row, in the step whose earlier row finished the short one
+        if seq.params.max_tokens == 12 and not interrupted and any(
+                s.params.max_tokens == 5 and s.finish_reason for s in inner.step_seqs):
+            interrupted.append(seq)
+            raise KeyboardInterrupt
+        return original(seq, *args)
+    inner.update = update
+    finished, steps = {}, 0
+    while engine.has_unfinished_requests() and steps < 40:
+        steps += 1
+        try:
+            finished.update((o.request_id, o) for o in engine.step() if o.finished)
+        except KeyboardInterrupt:
+            pass
+    assert interrupted and sorted(finished) == ["long", "short"]
+    llm = LLM(**MODEL)
+    for name, params in (("short", short), ("long", long)):
+        want = llm.generate("A robot may not injure a human being", params, use_tqdm=False)[0].outputs[0]
+        assert finished[name].outputs[0].token_ids == want.token_ids, name
+
+
 def test_prefix_caching_example_frees_the_first_llm_between_two():
     """vLLM's prefix_caching example: `del llm; cleanup_dist_env_and_memory()` before the second LLM."""
     import weakref

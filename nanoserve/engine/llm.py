@@ -365,6 +365,15 @@ class LLM:
             raise
         return outputs, seqs
 
+    def _step(self) -> None:
+        """One engine step, each of its tokens handed to the call that owns it; after a step that
+        stopped midway (Ctrl-C), the tokens it had handed out: other calls' streams go on from them."""
+        try:
+            self.router.route(self.engine.step())
+        except BaseException:
+            self.router.route(self.engine.processed)
+            raise
+
     def _run(self, seqs: dict):
         """Yield this call's Deltas as they are made, until all its sequences finish. Steps are
         shared: other calls' deltas go to their own queues."""
@@ -374,13 +383,7 @@ class LLM:
             unfinished = len(seqs)
             while unfinished:
                 if not queue:
-                    try:
-                        self.router.route(self.engine.step())
-                    # (Ctrl-C) the tokens it handed out before it stopped: other calls' streams
-                    # go on from them
-                    except BaseException:
-                        self.router.route(self.engine.processed)
-                        raise
+                    self._step()
                 while queue:
                     delta = queue.popleft()
                     unfinished -= delta.finished

@@ -60,7 +60,7 @@ class LLMEngine:
 
     def step(self) -> list[RequestOutput]:
         if not self.news and self.llm.engine.has_unfinished():
-            self.llm.router.route(self.llm.engine.step())
+            self.llm._step()
         moved, self.news = dict.fromkeys(self.owner.pop(d.seq.seq_id) if d.finished else self.owner[d.seq.seq_id]
                                          for d in self.news), []
         return [self._output(request_id) for request_id in moved]
