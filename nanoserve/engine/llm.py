@@ -367,7 +367,8 @@ class LLM:
 
     def _step(self) -> None:
         """One engine step, each of its tokens handed to the call that owns it; after a step that
-        stopped midway (Ctrl-C), the tokens it had handed out: other calls' streams go on from them."""
+        stopped midway (Ctrl-C), the tokens it had handed out: other calls' streams go on from
+        them."""
         try:
             self.router.route(self.engine.step())
         except BaseException:

@@ -87,17 +87,19 @@ def serve_replicas(args) -> int:
         for port, visible in zip(ports, gpus):
             env = {**os.environ, **({"CUDA_VISIBLE_DEVICES": visible} if visible is not None else {})}
             procs.append(subprocess.Popen([sys.executable, "-m", "nanoserve.cli", *replica_argv(args.argv, port)],
-                                          env=env))
+                                          env=env, start_new_session=True))
         while not all(healthy(url) for url in urls):
             ended = [i for i, p in enumerate(procs) if p.poll() is not None]
             if ended:
                 raise RuntimeError(f"replica {ended[0]} exited ({procs[ended[0]].returncode}) while starting")
             time.sleep(0.5)
-        # The router ignores a terminal's Ctrl-C (its launcher would print a KeyboardInterrupt's traceback):
-        # Ctrl-C reaches this process, whose `finally` stops the router as it stops the replicas.
+        # Every child runs in a session of its own, so a terminal's Ctrl-C reaches this process alone, whose
+        # `finally` stops each child once, with SIGTERM: a replica that got a second SIGINT would take it for a
+        # second Ctrl-C (uvicorn's force exit, which skips the app's shutdown), and vllm-router's launcher
+        # would print a KeyboardInterrupt's traceback.
         procs.append(subprocess.Popen([router, "--worker-urls", *urls, "--host", args.host, "--port",
                                        str(args.port), "--policy", POLICY, "--prometheus-port", str(free_port())],
-                                      preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)))
+                                      start_new_session=True))
         print(f"nanoserve: {n} replicas ({', '.join(urls)}) behind vllm-router ({POLICY}) on "
               f"http://{args.host}:{args.port}", flush=True)
         while all(p.poll() is None for p in procs):
