@@ -414,12 +414,16 @@ class LLM:
         return self._collect(encoded, sampling_params, use_tqdm)
 
     def chat(self, messages, sampling_params: SamplingParams | list | None = None,
-             use_tqdm: bool = True, **options) -> list[RequestOutput]:
+             use_tqdm: bool = True, chat_template_kwargs: dict | None = None,
+             add_generation_prompt: bool = True, continue_final_message: bool = False,
+             chat_template: str | None = None,
+             tools: list[dict] | None = None) -> list[RequestOutput]:
         """One conversation (a list of {"role", "content"} messages) or a list of them, through the
-        model's chat template; vLLM's options (chat_template_kwargs, chat_template, tools,
-        add_generation_prompt, continue_final_message): features/chat.py."""
+        model's chat template (features/chat.py says how each option is taken)."""
         encode = import_part("nanoserve.features.chat:encode_chats")
-        return self._collect(encode(self.tokenizer, messages, **options), sampling_params, use_tqdm)
+        encoded = encode(self.tokenizer, messages, chat_template_kwargs, add_generation_prompt,
+                         continue_final_message, chat_template, tools)
+        return self._collect(encoded, sampling_params, use_tqdm)
 
     def beam_search(self, prompts, params, lora_request=None, use_tqdm: bool = False,
                     concurrency_limit: int | None = None) -> list:
