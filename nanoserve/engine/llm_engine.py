@@ -143,6 +143,8 @@ class LLMEngine:
                     self.stats.steps_ahead += 1
             self.step_seqs = current.batch.seqs
             tokens, logprobs = self.runner.collect(current)
+            if self.in_flight is not None and self.in_flight.waits:  # (a grammar's step: its masks)
+                self.runner.ahead(self.in_flight)
         except BaseException:
             self.cancel_steps(self.in_flight, current)
             raise
@@ -204,8 +206,6 @@ class LLMEngine:
         if self.in_flight is not None \
             and all(s.status is SequenceStatus.FINISHED for s in self.in_flight.batch.seqs):
             self.in_flight = None  # every sequence in it has finished: nothing to wait for
-        if self.in_flight is not None and self.in_flight.waits:  # (a grammar's step: its masks)
-            self.runner.ahead(self.in_flight)
         return out
 
     def update(self, seq: Sequence, computed: int | None, token: int | None, lp) -> None:

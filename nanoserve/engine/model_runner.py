@@ -120,8 +120,9 @@ class ModelRunner:
 
     @torch.inference_mode()
     def ahead(self, launched: LaunchedStep) -> None:
-        """A waiting draw, once the step before is processed: its processors start what needs only
-        the last tokens (a grammar's masks) while the engine schedules the next step."""
+        """A waiting draw, once the step before is collected: its processors start what needs only
+        the last tokens (a grammar's masks) while the engine processes that step and schedules the
+        next."""
         self.make_processors().ahead(launched.sampled, launched.steps, launched.last_inputs)
 
     def make_processors(self):

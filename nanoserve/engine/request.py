@@ -110,9 +110,9 @@ class Request:
 
     def append(self, token: int) -> None:
         """Take the token drawn for this request. A token its own constraints forbid raises
-        ValueError (features/logit_edits.py's check_drawn): the request ends with that error."""
-        if self.checks_tokens:
-            load("banned_tokens", "check_drawn")(self, token)
+        ValueError (features/logit_edits.py's check_drawn, which also says whether its grammar is
+        complete): the request ends with that error."""
+        complete = self.checks_tokens and load("banned_tokens", "check_drawn")(self, token)
         self.token_ids.append(token)
         may_stop = self.num_output_tokens >= self.params.min_tokens
         self.new_text = self.detok.add(token, may_stop) if self.detok is not None else ""
@@ -120,7 +120,7 @@ class Request:
             self.finish_reason = "stop"
             self.stop_reason = token if token in self.params.stop_token_ids else \
                 self.detok.stop_str if self.detok is not None and self.detok.stopped else None
-        elif self.matcher is not None and self.matcher.is_stopped():  # the grammar is complete
+        elif complete:
             self.finish_reason = "stop"
         elif self.num_output_tokens >= self.params.max_tokens:
             self.finish_reason = "length"

@@ -188,10 +188,19 @@ class BannedTokens(LogitsProcessor):
                             where=True)
 
 
-def check_drawn(seq, token: int) -> None:
+def grammar_verdict(matcher, took: bool) -> tuple[str | None, bool]:
+    """A matcher's answer to the token it was just given: (why the grammar cannot go on, or None; whether the
+    grammar is complete). Asked as soon as it took the token: a fill of masks started after that may hold the
+    matcher (llguidance refuses a second thread) until the next draw."""
+    if took and not matcher.is_error():
+        return None, matcher.is_stopped()
+    return matcher.get_error().strip().split("\n")[0][:300] or "no token of its own mask fits what came before", False
+
+
+def check_drawn(seq, token: int) -> bool:
     """Take the token drawn for seq if its own constraints allow it, else raise ValueError: the sampler draws a
     forbidden one only when they forbid every token (allowed_token_ids that are all bad words, say), and the
-    request then ends with that error, never with a token it ruled out."""
+    request then ends with that error, never with a token it ruled out. True: its grammar is complete."""
     output, p = seq.output_ids, seq.params
     broken = ("allowed_token_ids" if seq.allowed is not None and token not in seq.allowed else
               "bad_words" if seq.bad_words is not None and (token in seq.bad_words.single
@@ -202,8 +211,9 @@ def check_drawn(seq, token: int) -> None:
                          f"(allowed_token_ids, bad_words, min_tokens and structured_outputs leave nothing; "
                          f"the draw broke {broken})")
     took, seq.took = seq.took, None  # (the grammar's matcher took it already, with the step's other rows)
-    if seq.matcher is not None and (not (seq.matcher.consume_token(token) if took is None else took)
-                                    or seq.matcher.is_error()):
-        error = seq.matcher.get_error().strip().split("\n")[0][:300]  # llguidance's, short
-        raise ValueError(f"structured_outputs: the grammar cannot go on after {len(output)} output tokens "
-                         f"({error or 'no token of its own mask fits what came before'})")
+    if seq.matcher is None:
+        return False
+    error, complete = took if took is not None else grammar_verdict(seq.matcher, seq.matcher.consume_token(token))
+    if error is not None:
+        raise ValueError(f"structured_outputs: the grammar cannot go on after {len(output)} output tokens ({error})")
+    return complete

@@ -55,9 +55,10 @@ class LogitsProcessor:
         pass
 
     def ahead(self, rows: Rows) -> None:
-        """The rows of a step whose draw waits (async scheduling), as soon as the step before is processed:
+        """The rows of a step whose draw waits (async scheduling), as soon as the step before is collected:
         host work that needs only the sequences' last tokens may start now, in a thread of its own, while the
-        engine schedules the next step; apply joins it. The grammar fills its masks here."""
+        engine hands those tokens out and schedules the next step; apply joins it. The grammar fills its masks
+        here. (Its sequences' last tokens are not theirs yet: the thread may not touch them.)"""
 
     def collected(self, seqs: list, tokens: list) -> None:
         """The step's tokens on the host (None: a row that drew none), before the engine hands them to its
@@ -172,7 +173,7 @@ class BatchProcessors:
         return tokens
 
     def ahead(self, seqs: list, steps: list[int], last_inputs=None) -> None:
-        """A waiting step's rows, once the step before is processed: the processors that work ahead start."""
+        """A waiting step's rows, once the step before is collected: the processors that work ahead start."""
         for processor, rows, index, slots, slot_ids, row_seqs in self.layout(seqs):
             if type(processor).ahead is not LogitsProcessor.ahead:
                 processor.ahead(Rows(index, slots, slot_ids, row_seqs, [steps[i] for i in rows], last_inputs))

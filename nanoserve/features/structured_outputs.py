@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from nanoserve.engine.sampling_params import StructuredOutputsParams
+from nanoserve.features.logit_edits import grammar_verdict
 from nanoserve.features.processors import LogitsProcessor
 
 
@@ -194,8 +195,9 @@ def first_line(error: str) -> str:
 class GrammarMask(LogitsProcessor):
     """Each row's grammar mask: int32 words (a bit per token), filled for every row at once by llguidance's
     thread pool into pinned host memory, copied in one go, and unpacked on the device. With async scheduling
-    the fill starts ahead, in the filler thread, as soon as the step before is processed: llguidance's threads
-    fill while the engine schedules the next step (llguidance lets go of Python's lock as it fills)."""
+    the fill starts ahead, in the filler thread, as soon as the matchers took the step before's tokens
+    (collected): llguidance's threads fill while the engine hands those tokens out and schedules the next step
+    (llguidance lets go of Python's lock as it fills)."""
 
     def __init__(self, *args):
         super().__init__(*args)
@@ -216,7 +218,7 @@ class GrammarMask(LogitsProcessor):
             seq.matcher = seq.grammar.matcher()
 
     def ahead(self, rows):
-        self.join()
+        self.join(give_back=False)  # (the step's tokens, just taken, are being handed out)
         self.filling = (rows.seqs, self.filler.submit(self.fill, *self.start(rows.seqs)))
         time.sleep(0)  # lets the filler take Python's lock now: it lets go of it as llguidance starts filling
 
@@ -248,34 +250,38 @@ class GrammarMask(LogitsProcessor):
 
     def collected(self, seqs, tokens):
         """Every grammar row's token, taken by its matcher at once in llguidance's threads (one after another,
-        256 rows took 2 to 3 ms of a step's host time on an H100 host). Each row's answer waits in seq.took for
-        check_drawn (features/logit_edits.py), which the engine calls as it hands the row its token."""
+        256 rows took 2 to 3 ms of a step's host time on an H100 host). Each row's verdict waits in seq.took for
+        check_drawn (features/logit_edits.py), which the engine calls as it hands the row its token: asked now,
+        as the next step's fill may start before that."""
         self.join()
         rows = [(seq, token) for seq, token in zip(seqs, tokens)
                 if token is not None and seq.matcher is not None and seq.finish_reason is None]
         if rows:  # (llguidance refuses an empty list)
             self.taken = [seq for seq, _ in rows]
             for seq, ok in zip(self.taken, self.executor.consume_token_par([(s.matcher, t) for s, t in rows])):
-                seq.took = ok
+                seq.took = grammar_verdict(seq.matcher, ok)
 
-    def join(self):
+    def join(self, give_back: bool = True):
         """The fill started ahead, done: (its sequences, their masks), or None. Every path waits for it
-        before a matcher is used again: a matcher is followed by one thread at a time. A token taken at once
-        that the engine never handed to its sequence (Ctrl-C in between: the step is computed again) is given
-        back first."""
-        for seq in self.taken:
-            if seq.took is not None and seq.finish_reason is None:
-                seq.matcher.rollback(1)
-            seq.took = None
-        self.taken = []
-        if self.filling is None:
-            return None
-        seqs, fill = self.filling
-        try:
-            return seqs, fill.result()
-        finally:  # (Ctrl-C while it fills: it is waited for again, by whatever comes next)
-            if fill.done():
-                self.filling = None
+        before a matcher is used again: a matcher is followed by one thread at a time. Then (give_back) a token
+        taken at once that the engine never handed to its sequence (Ctrl-C in between: the step is computed
+        again) is given back, and masks filled after it are not used."""
+        filled = None
+        if self.filling is not None:
+            seqs, fill = self.filling
+            try:
+                filled = seqs, fill.result()
+            finally:  # (Ctrl-C while it fills: it is waited for again, by whatever comes next)
+                if fill.done():
+                    self.filling = None
+        if give_back:
+            for seq in self.taken:
+                if seq.took is not None and seq.finish_reason is None:
+                    seq.matcher.rollback(1)
+                    filled = None
+                seq.took = None
+            self.taken = []
+        return filled
 
     def start(self, seqs: list) -> tuple:
         """The host buffer for these rows' masks, and the matchers to fill it, chosen in this thread."""
