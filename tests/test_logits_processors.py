@@ -323,3 +323,32 @@ def test_every_processors_rows_and_slots_start_on_16_bytes(case):
         assert index.data_ptr() % 16 == 0 and slots.data_ptr() % 16 == 0, (type(processor).__name__, len(rows))
         assert index.tolist() == rows and slots.tolist() == slot_ids == [kept.slot(seqs[i]) for i in rows]
         assert row_seqs == [seqs[i] for i in rows]
+
+
+def test_a_burst_of_joining_requests_is_written_in_as_many_copies_as_one():
+    """The processors keep their rows' state on the device: a request's state is written when it first joins a
+    step. 64 requests joining one step are written in one copy per table, as one is: 64 times as many small
+    copies (a launch each on a GPU) made one step of a burst of requests stall the batch."""
+    import nanoserve.features.logit_edits as logit_edits
+    import nanoserve.features.penalties as penalties
+    import nanoserve.features.processors as processors
+
+    def copies(n):
+        params = SamplingParams(temperature=0.7, min_p=0.1, logit_bias={3: 2.0, 7: -1.0}, repetition_penalty=1.3,
+                                presence_penalty=0.5)
+        rng, made = random.Random(n), []
+        seqs = [seq(params, history(rng, 5), history(rng, 3), seq_id=i) for i in range(n)]
+        original = processors.to_device
+
+        def counted(*args):
+            made.append(args[0])
+            return original(*args)
+        for module in (processors, logit_edits, penalties):
+            module.to_device = counted
+        try:
+            process_logits(torch.randn(n, VOCAB), seqs, [3] * n)
+        finally:
+            for module in (processors, logit_edits, penalties):
+                module.to_device = original
+        return len(made)
+    assert copies(64) == copies(1)

@@ -621,16 +621,16 @@ def test_triton_penalties_are_exercise_2_5s_torch_path(seed):
     rng, gen = random.Random(seed), torch.Generator().manual_seed(seed)
     V, M = rng.choice([50, 3000]), rng.randint(2, 6)
     penalties = Penalties(M, V, torch.device("cpu"))
-    slots = rng.sample(range(M), rng.randint(1, M))
+    slots, seqs = rng.sample(range(M), rng.randint(1, M)), []
     for slot in slots:
         params = SamplingParams(repetition_penalty=rng.choice([0.6, 1.0, 1.7]),
                                 frequency_penalty=rng.choice([0.0, -1.0, 0.5]),
                                 presence_penalty=rng.choice([0.0, 1.5, -0.5]))
         output = [rng.randrange(20) for _ in range(rng.randint(0, 30))]
-        seq = SimpleNamespace(params=params, prompt_ids=[rng.randrange(V) for _ in range(rng.randint(1, 40))],
-                              output_ids=output)
-        penalties.add(slot, seq)
-        penalties.rebuild(slot, seq, len(output), None)
+        seqs.append(SimpleNamespace(params=params, prompt_ids=[rng.randrange(V) for _ in range(rng.randint(1, 40))],
+                                    output_ids=output))
+        penalties.add(slot, seqs[-1])
+    penalties.rebuild(Rows(None, None, slots, seqs, [len(s.output_ids) for s in seqs], None), list(range(len(slots))))
     penalties.reserve(penalties.history.shape[1] + 40)
     on_device = {name: getattr(penalties, name).clone().to(DEVICE) for name in ("history", "count", "length", "factors")}
     slot_ids = torch.tensor(slots)

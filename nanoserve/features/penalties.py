@@ -24,10 +24,7 @@ class Penalties(LogitsProcessor):
         self.prompt_len = [0] * rows  # its prompt's distinct tokens, the history's first entries
 
     def add(self, slot, seq):
-        p = seq.params
-        factors = [p.repetition_penalty, p.frequency_penalty, p.presence_penalty]
-        self.factors[:, slot] = to_device(factors, torch.float32, self.device)  # (a plain copy waits for the GPU)
-        self.counted[slot] = -1  # built at its first apply
+        self.counted[slot] = -1  # built at its first apply, with every slot taken since
 
     def reserve(self, width: int) -> None:
         """Room for `width` entries in every history (doubling: a row grows by at most one entry a step)."""
@@ -36,27 +33,43 @@ class Penalties(LogitsProcessor):
             self.history = torch.nn.functional.pad(self.history, (0, grow))
             self.count = torch.nn.functional.pad(self.count, (0, grow))
 
-    def rebuild(self, slot: int, seq, step: int, fed) -> None:
-        """Write slot's history again from its sequence: when it joins, and after a step that drew for it was
-        never processed (an error, Ctrl-C). fed(): its last drawn token, still on the device."""
-        prompt, output = sorted(set(seq.prompt_ids)), seq.output_ids[:step]
-        tokens = list(dict.fromkeys(prompt + output))  # the prompt's, then each new token as it was drawn
-        counts = {token: 0 for token in tokens}
-        for token in output:
-            counts[token] += 1
-        self.reserve(len(tokens) + 2)
-        self.history[slot], self.count[slot] = 0, 0
-        self.history[slot, :len(tokens)] = to_device(tokens, torch.long, self.device)
-        self.count[slot, :len(tokens)] = to_device(list(counts.values()), torch.int32, self.device)
-        self.length[slot] = len(tokens)
-        self.prompt_len[slot], self.counted[slot] = len(prompt), step
-        if step > len(output):  # async scheduling: its last token is this step's input, not on the host yet
-            self.append(torch.tensor([slot], device=self.device), fed().long())
+    def rebuild(self, rows, stale: list[int]) -> None:
+        """Write the factors and histories of these rows (of a Rows) again from their sequences, in one copy per
+        table for them all (a burst of 256 requests, written one by one, made thousands of small copies in one
+        step): when they join, and after a step that drew for them was never processed (an error, Ctrl-C)."""
+        entries = []
+        for r in stale:
+            seq, step = rows.seqs[r], rows.steps[r]
+            prompt, output = sorted(set(seq.prompt_ids)), seq.output_ids[:step]
+            tokens = list(dict.fromkeys(prompt + output))  # the prompt's, then each new token as it was drawn
+            counts = {token: 0 for token in tokens}
+            for token in output:
+                counts[token] += 1
+            entries.append((tokens, list(counts.values()), len(prompt)))
+        self.reserve(max(len(tokens) for tokens, _, _ in entries) + 2)
+        history = torch.zeros(len(stale), self.history.shape[1], dtype=torch.long)
+        count = torch.zeros(len(stale), self.history.shape[1], dtype=torch.int32)
+        for i, (tokens, counts, _) in enumerate(entries):
+            history[i, :len(tokens)], count[i, :len(tokens)] = torch.tensor(tokens), torch.tensor(counts)
+        slots = to_device([rows.slot_ids[r] for r in stale], torch.long, self.device)
+        factors = [[p.repetition_penalty, p.frequency_penalty, p.presence_penalty] for p in
+                   (rows.seqs[r].params for r in stale)]
+        self.factors[:, slots] = to_device(factors, torch.float32, self.device).T
+        self.history[slots], self.count[slots] = to_device(history, torch.long, self.device), to_device(
+            count, torch.int32, self.device)
+        self.length[slots] = to_device([len(tokens) for tokens, _, _ in entries], torch.long, self.device)
+        fed = [r for r in stale if rows.steps[r] > len(rows.seqs[r].output_ids)]
+        if fed:  # async scheduling: their last token is this step's input, not on the host yet
+            at = to_device(fed, torch.long, self.device)
+            self.append(rows.slots[at], rows.last_inputs()[rows.index[at]].long())
+        for r, (_, _, prompt_len) in zip(stale, entries):  # (last: a Ctrl-C before leaves them to rebuild)
+            self.prompt_len[rows.slot_ids[r]], self.counted[rows.slot_ids[r]] = prompt_len, rows.steps[r]
 
     def apply(self, logits, rows):
-        for r, (slot, seq, step) in enumerate(zip(rows.slot_ids, rows.seqs, rows.steps)):
-            if self.counted[slot] != step:
-                self.rebuild(slot, seq, step, lambda: rows.last_inputs()[rows.index[r:r + 1]])
+        stale = [r for r, (slot, step) in enumerate(zip(rows.slot_ids, rows.steps)) if self.counted[slot] != step]
+        if stale:
+            self.rebuild(rows, stale)
+        for slot, step in zip(rows.slot_ids, rows.steps):
             self.counted[slot] = step + 1  # once drawn() has run
         width = max(self.prompt_len[s] + step for s, step in zip(rows.slot_ids, rows.steps))
         self.reserve(width + 1)  # and room for this step's token
