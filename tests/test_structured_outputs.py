@@ -193,6 +193,56 @@ def test_stepping_on_after_a_ctrl_c_midway_through_a_steps_tokens_keeps_every_gr
         engine.async_scheduling = False
 
 
+class InterruptedExecutor:
+    """llguidance's executor, but its `on_call`th consume_token_par is followed by a Ctrl-C (as Python raises one
+    that came while llguidance ran: once it returns)."""
+
+    def __init__(self, executor, on_call: int):
+        self.executor, self.calls, self.on_call = executor, 0, on_call
+
+    def consume_token_par(self, pairs):
+        answers = self.executor.consume_token_par(pairs)
+        self.calls += 1
+        if self.calls == self.on_call:
+            raise KeyboardInterrupt
+        return answers
+
+    def __getattr__(self, name):
+        return getattr(self.executor, name)
+
+
+@pytest.mark.parametrize("ahead", [False, True])
+def test_a_ctrl_c_as_the_matchers_take_a_steps_tokens_gives_them_back(llm, ahead):
+    """A Ctrl-C while llguidance's threads take a step's tokens is raised once they took them: stepping on, each
+    matcher gives its token back, and every output is that of a run never interrupted."""
+    engine = llm.engine
+    params = [SamplingParams(temperature=1.0, seed=i, max_tokens=30, structured_outputs=so)
+              for i, so in enumerate([StructuredOutputsParams(regex=r"[a-c]{2,30}-[0-9]{2,30}"),
+                                      StructuredOutputsParams(json=SCHEMA)])]
+
+    def run():
+        seqs = [engine.add_request(llm.tokenizer.encode("Tell me about it."), p) for p in params]
+        interrupted = 0
+        while engine.has_unfinished():
+            try:
+                engine.step()
+            except KeyboardInterrupt:
+                interrupted += 1
+        return [seq.output_ids for seq in seqs], interrupted
+    engine.async_scheduling = ahead
+    try:
+        clean, _ = run()
+        masks = engine.runner.processors.processor("structured_outputs")
+        masks.executor = InterruptedExecutor(masks.executor, on_call=5)
+        try:
+            again, interrupted = run()
+        finally:
+            masks.executor = masks.executor.executor
+        assert interrupted == 1 and again == clean
+    finally:
+        engine.async_scheduling = False
+
+
 def test_lesson_02s_loop_follows_a_constraint_too(llm):
     done, _ = generate(llm.model, [[5, 6, 7]], SamplingParams(temperature=1.0, seed=3, max_tokens=20,
                                                                 structured_outputs=StructuredOutputsParams(

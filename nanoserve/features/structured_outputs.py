@@ -258,6 +258,8 @@ class GrammarMask(LogitsProcessor):
                 if token is not None and seq.matcher is not None and seq.finish_reason is None]
         if rows:  # (llguidance refuses an empty list)
             self.taken = [seq for seq, _ in rows]
+            for seq in self.taken:  # A Ctrl-C as llguidance takes them is raised once it took them all: given back
+                seq.took = (None, False)
             for seq, ok in zip(self.taken, self.executor.consume_token_par([(s.matcher, t) for s, t in rows])):
                 seq.took = grammar_verdict(seq.matcher, ok)
 
