@@ -352,3 +352,26 @@ def test_a_burst_of_joining_requests_is_written_in_as_many_copies_as_one():
                 module.to_device = original
         return len(made)
     assert copies(64) == copies(1)
+
+
+@pytest.mark.parametrize("case", range(6))
+def test_a_step_that_only_bans_edits_the_models_own_logits_as_float32_would(case):
+    """min_p, allowed_token_ids, bad_words and min_tokens only write -inf, which bfloat16 holds exactly: where
+    every processor of a step only bans, the model's bfloat16 logits are edited themselves (no float32 copy),
+    and they are the float32 path's, rounded; a logit_bias in the step brings the float32 copy back."""
+    rng = random.Random(case)
+    torch.manual_seed(case)
+    kinds = [dict(min_p=0.2, temperature=0.7), dict(allowed_token_ids=rng.sample(range(VOCAB), 9)),
+             dict(bad_words=["x"], min_tokens=4), dict(min_p=0.05, temperature=1.3, min_tokens=2)]
+    seqs = [seq(SamplingParams(**rng.choice(kinds)), history(rng, 4), history(rng, 2), bad_words_ids=[[5], [6, 7]],
+                stop_ids=[3], seq_id=i) for i in range(rng.randint(1, 6))]
+    logits = (torch.randn(len(seqs), VOCAB) * 4).bfloat16()
+    want = process_logits(logits.float(), seqs, [2] * len(seqs))
+    edited = logits.clone()
+    got = BatchProcessors(len(seqs), VOCAB, "cpu").apply(edited, seqs, [2] * len(seqs), in_place=True)
+    assert got is edited and got.dtype == torch.bfloat16 and torch.equal(got.float(), want)
+    assert (want == float("-inf")).any()
+    biased = seqs + [seq(SamplingParams(logit_bias={1: 0.3}), [1], [], seq_id=len(seqs))]
+    logits = torch.cat([logits, logits[:1]])
+    got = BatchProcessors(len(biased), VOCAB, "cpu").apply(logits, biased, [2] * len(biased), in_place=True)
+    assert got.dtype == torch.float32 and logits.dtype == torch.bfloat16

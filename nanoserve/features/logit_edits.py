@@ -100,6 +100,8 @@ class LogitBias(LogitsProcessor):
 
 
 class AllowedTokens(LogitsProcessor):
+    bans_only = True
+
     def __init__(self, *args):
         super().__init__(*args)
         self.allowed = RowTable(self, torch.bool, False)
@@ -113,6 +115,7 @@ class AllowedTokens(LogitsProcessor):
 
 class MinP(LogitsProcessor):
     """p < min_p * p_max, after temperature T: logit < max logit + T * log(min_p)."""
+    bans_only = True
 
     def __init__(self, *args):
         super().__init__(*args)
@@ -175,6 +178,7 @@ def tokenize_bad_words(tokenizer, words: list[str]) -> BadWords:
 class BannedTokens(LogitsProcessor):
     """min_tokens (no stop token before it) and bad_words: one-token words are a fixed row of bans; a longer
     word's last token is banned after the rest of it, which needs the output's last tokens on the host."""
+    bans_only = True
 
     def __init__(self, *args):
         super().__init__(*args)

@@ -31,11 +31,15 @@ class LogitsProcessor:
 
     - add(slot, seq): seq joins the batch at row `slot` of the processor's device state (after a preemption
       it may join again, at another slot);
-    - apply(logits, rows): edit, in place, the float32 logits of these rows (a Rows);
+    - apply(logits, rows): edit, in place, the float32 logits of these rows (a Rows; see bans_only);
     - drawn(rows, tokens): the tokens just drawn (the whole step's, [B] on the device).
     A processor that reads a sequence's last drawn token on the host (a grammar) has the sequence say so
     (waits_for_last_token): with async scheduling its step's draw then waits until that token is processed
     (the step's forward does not)."""
+
+    # True: apply only writes -inf (bans), which the logits' own dtype holds exactly. A step whose processors
+    # all only ban edits the model's (bfloat16) logits themselves, without a float32 copy of them.
+    bans_only = False
 
     def __init__(self, max_rows: int, vocab_size: int, device: torch.device):
         self.max_rows, self.vocab_size, self.device = max_rows, vocab_size, device
@@ -115,14 +119,18 @@ class BatchProcessors:
               in_place: bool = False) -> torch.Tensor:
         """The step's logits [B, V] with every processor's edits, float32. Rows that ask for nothing keep their
         values. The input is left as it is (its log-probs are what logprobs report, as in vLLM), unless in_place:
-        then float32 logits that nobody reads after the draw are edited themselves (a copy of 256 rows of
-        151,936 logits is 155 MB a step). last_inputs(): [B] on the device, each row's last input token (a
+        then logits that nobody reads after the draw are edited themselves where they are float32, or where
+        every processor of the step only bans (a float32 copy of 256 rows of 151,936 logits is 155 MB a step,
+        written and read again by the draw). last_inputs(): [B] on the device, each row's last input token (a
         drawn token the host has not seen yet, with async scheduling)."""
         self.last = []
         layout = self.layout(seqs)
         if not layout:
             return logits
-        out = logits.float().clone() if logits.dtype == torch.float32 and not in_place else logits.float()
+        if in_place and all(processor.bans_only for processor, *_ in layout):
+            out = logits
+        else:
+            out = logits.float().clone() if logits.dtype == torch.float32 and not in_place else logits.float()
         for processor, rows, index, slots, slot_ids, row_seqs in layout:
             part = Rows(index, slots, slot_ids, row_seqs, [steps[i] for i in rows], last_inputs)
             processor.apply(out, part)

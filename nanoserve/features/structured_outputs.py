@@ -198,6 +198,7 @@ class GrammarMask(LogitsProcessor):
     the fill starts ahead, in the filler thread, as soon as the matchers took the step before's tokens
     (collected): llguidance's threads fill while the engine hands those tokens out and schedules the next step
     (llguidance lets go of Python's lock as it fills)."""
+    bans_only = True
 
     def __init__(self, *args):
         super().__init__(*args)
