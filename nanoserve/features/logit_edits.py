@@ -52,9 +52,8 @@ def cached(params, name: str, source, make):
 
 class LogitBias(LogitsProcessor):
     """Each slot's biased tokens and their biases, [max_rows, width] on the device; a slot with fewer pairs than
-    the widest is padded with token 0 and bias 0 (adding 0.0 leaves a logit exactly as it is). The slots that
-    requests took since the last step are written at its apply, all in one copy per table: a burst of 256
-    requests, written one by one, made a thousand small copies in one step."""
+    the widest is padded with token 0 and bias 0 (adding 0.0 leaves a logit exactly as it is). Slots taken since
+    the last step are written at apply, in one copy per table (a burst of 256, one by one, made a thousand)."""
 
     def __init__(self, *args):
         super().__init__(*args)
@@ -67,26 +66,19 @@ class LogitBias(LogitsProcessor):
         self.joining[slot] = cached(seq.params, "_bias", seq.params.logit_bias,
                                     lambda b: (torch.tensor(list(b), dtype=torch.long), torch.tensor(list(b.values()))))
 
-    def write_joining(self) -> None:
-        """(Forgotten only once written: a Ctrl-C midway leaves them to be written again.)"""
-        pairs = list(self.joining.values())
-        width = max(len(ids) for ids, _ in pairs)
-        if width > self.ids.shape[1]:  # wider than every slot so far: widen all of them
-            grow = (0, width - self.ids.shape[1])
-            self.ids, self.values = torch.nn.functional.pad(self.ids, grow), torch.nn.functional.pad(self.values, grow)
-        ids = torch.zeros(len(pairs), self.ids.shape[1], dtype=torch.long)
-        values = torch.zeros(len(pairs), self.ids.shape[1])
-        for row, (some_ids, some_values) in enumerate(pairs):
-            ids[row, :len(some_ids)], values[row, :len(some_ids)] = some_ids, some_values
-        slots = to_device(list(self.joining), torch.long, self.device)
-        self.ids[slots] = to_device(ids, torch.long, self.device)  # (from pinned memory: no wait)
-        self.values[slots] = to_device(values, torch.float32, self.device)
-        self.sizes[slots] = to_device([len(some_ids) for some_ids, _ in pairs], torch.long, self.device)
-        self.joining = {}
-
     def apply(self, logits, rows):
-        if self.joining:
-            self.write_joining()
+        if self.joining:  # (emptied once written: a Ctrl-C midway leaves them to be written again)
+            pairs, slots = list(self.joining.values()), to_device(list(self.joining), torch.long, self.device)
+            ids, values = (torch.nn.utils.rnn.pad_sequence(part, batch_first=True) for part in zip(*pairs))
+            pad = torch.nn.functional.pad
+            if ids.shape[1] > self.ids.shape[1]:  # wider than every slot so far: widen all of them
+                grow = (0, ids.shape[1] - self.ids.shape[1])
+                self.ids, self.values = pad(self.ids, grow), pad(self.values, grow)
+            fill = (0, self.ids.shape[1] - ids.shape[1])
+            self.ids[slots] = to_device(pad(ids, fill), torch.long, self.device)  # (from pinned memory: no wait)
+            self.values[slots] = to_device(pad(values, fill), torch.float32, self.device)
+            self.sizes[slots] = to_device([len(ids) for ids, _ in pairs], torch.long, self.device)
+            self.joining = {}
         if self.device.type == "cuda":  # lesson 06's kernel: one launch
             from nanoserve.kernels.triton_fused import triton_logit_bias  # (Triton: on GPU machines only)
             return triton_logit_bias(logits, rows.index, rows.slots, self.ids, self.values, self.sizes)
@@ -213,9 +205,8 @@ class BannedTokens(LogitsProcessor):
 
 
 def grammar_verdict(matcher, took: bool) -> tuple[str | None, bool]:
-    """A matcher's answer to the token it was just given: (why the grammar cannot go on, or None; whether the
-    grammar is complete). Asked as soon as it took the token: a fill of masks started after that may hold the
-    matcher (llguidance refuses a second thread) until the next draw."""
+    """A matcher's answer to the token it just took: (why the grammar cannot go on, or None; is it complete).
+    Asked at once: a fill of masks started next may hold the matcher (one thread at a time) until the draw."""
     if took and not matcher.is_error():
         return None, matcher.is_stopped()
     return matcher.get_error().strip().split("\n")[0][:300] or "no token of its own mask fits what came before", False

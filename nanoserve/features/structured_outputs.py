@@ -100,13 +100,11 @@ def constraint_key(spec: StructuredOutputsParams) -> tuple:
 class CompiledGrammar:
     """One constraint, compiled and checked; matcher() gives each output its own follower (a copy: a tenth of a
     millisecond, where compiling takes milliseconds). Copies of one compiled matcher are filled one at a time by
-    llguidance's threads (measured: bench/llguidance_parallel.py), and a regex's mask can take half a
-    millisecond, so the copies are made from up to MASK_THREADS separately compiled matchers in turn. The extra
-    ones compile in a thread of their own, one after another, from the moment the constraint is first compiled;
-    a request's copy is handed out when it first joins a draw (GrammarMask.add), so that a first burst of
-    requests finds them ready (a copy stays with its matcher). matcher() never compiles, so a
-    request whose grammar is slow to compile (a server admits it within a time limit, lesson 08) never stalls
-    the step loop."""
+    llguidance's threads (bench/llguidance_parallel.py), so copies are made from up to MASK_THREADS separately
+    compiled matchers in turn. The extra ones compile in a thread of their own from the moment the constraint is
+    first compiled, and a request's copy is handed out when it first joins a draw (GrammarMask.add), so that a
+    first burst of requests finds them ready. matcher() never compiles: a request whose grammar is slow to
+    compile (a server admits it within a time limit, lesson 08) never stalls the step loop."""
 
     def __init__(self, ll: llguidance.LLTokenizer, grammar: str, first: llguidance.LLMatcher):
         self.ll, self.grammar, self.bases, self.handed = ll, grammar, [first], 0
