@@ -697,6 +697,36 @@ def test_triton_logit_bias_and_min_p_are_the_torch_paths(seed):
     assert torch.equal(got.cpu(), want)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_the_banning_kernels_edit_16_bit_logits_as_the_torch_paths_do(dtype):
+    # A step whose processors only ban edits the model's own (bfloat16) logits: min_p's and the grammar mask's
+    # kernels in any float dtype, against their torch paths in that dtype (-inf beside rows that use neither).
+    from types import SimpleNamespace
+
+    from nanoserve.engine.sampling_params import SamplingParams
+    from nanoserve.features.logit_edits import MinP
+    from nanoserve.features.processors import Rows
+    from nanoserve.features.structured_outputs import unpack_bitmask
+    from nanoserve.kernels import triton_fused
+
+    gen, V, M = torch.Generator().manual_seed(0), 3000, 4
+    min_p = MinP(M, V, torch.device("cpu"))
+    for slot in range(M):
+        min_p.add(slot, SimpleNamespace(params=SamplingParams(min_p=0.1 + 0.2 * slot, temperature=0.8)))
+    logits = (torch.randn(M + 1, V, generator=gen) * 3).to(dtype)
+    logits[0, :10] = float("-inf")
+    index, slots = torch.tensor([3, 0, 4, 1]), torch.arange(M)
+    words = torch.randint(-2**31, 2**31 - 1, (M, (V + 31) // 32), dtype=torch.int32, generator=gen)
+    want = logits.float()  # the torch paths, in float32 (exact: both only write -inf), then in the dtype
+    min_p.apply(want, Rows(index, slots, slots.tolist(), [None] * M, [0] * M, None))
+    for r, row in enumerate(index.tolist()):
+        want[row].masked_fill_(~unpack_bitmask(words[r:r + 1], V)[0], float("-inf"))
+    got, on = logits.to(DEVICE), lambda t: t.to(DEVICE)
+    triton_fused.triton_min_p(got, on(index), on(slots), on(min_p.floor))
+    triton_fused.triton_apply_bitmask(got, on(words), on(index))
+    assert got.dtype == dtype and torch.equal(got.cpu(), want.to(dtype)) and (want[index] > float("-inf")).any()
+
+
 @pytest.mark.parametrize("seed", range(4))
 def test_triton_top_k_is_torch_topk(seed):
     # logprobs' top k: the values are torch.topk's exactly, each token holds its value, no token twice. Rows
