@@ -280,3 +280,64 @@ def test_an_interrupt_while_admitting_a_request_leaks_nothing(model_dir, caching
     llm.cache.reserve = reserve
     assert_pool_clean(llm)
     assert tokens(llm.generate([PROMPT[:50], PROMPT[:70]], GREEDY, use_tqdm=False)) == clean
+
+
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True])
+@pytest.mark.parametrize("where", ["the scheduler hands out a step", "a token is appended",
+                                   "inside the detokenizer", "a step's tokens are routed"])
+def test_a_ctrl_c_in_one_call_leaves_a_stream_beside_it_as_it_would_be(where, async_scheduling):
+    """A stream goes on after another call on its LLM was stopped (Ctrl-C) as one part of a step returned, or
+    in the middle of one: its completions (a stop string, log-probs, n=2, a grammar) get the tokens and text
+    they get undisturbed, and the pool is whole at the end."""
+    import contextlib
+
+    from nanoserve import StructuredOutputsParams
+    from nanoserve.engine.detokenizer import Detokenizer
+    from nanoserve.engine.request import Request
+    llm = LLM("tiny-qwen3", device="cpu", max_model_len=256, num_gpu_blocks_override=64,
+              async_scheduling=async_scheduling)
+    prompts = ["one two three", "four five six seven"]
+    params = [SamplingParams(temperature=0.8, seed=3, max_tokens=10, stop=["zz"], logprobs=1, n=2),
+              SamplingParams(temperature=0.8, seed=4, max_tokens=10,
+                             structured_outputs=StructuredOutputsParams(regex="[a-z]{2,6}( [a-z]{2,6})*"))]
+
+    @contextlib.contextmanager
+    def ctrl_c(k):
+        """A Ctrl-C at the k-th call of `where`'s function: as it returns (in the detokenizer: as it begins)."""
+        owner, name = {"the scheduler hands out a step": (llm.engine.scheduler, "schedule"),
+                       "a token is appended": (Request, "append"), "inside the detokenizer": (Detokenizer, "add"),
+                       "a step's tokens are routed": (llm.router, "route")}[where]
+        original, calls = getattr(owner, name), [0]
+
+        def then_stop(*args, **kwargs):
+            calls[0] += 1
+            if calls[0] == k and owner is Detokenizer:
+                raise KeyboardInterrupt
+            out = original(*args, **kwargs)
+            if calls[0] == k:
+                raise KeyboardInterrupt
+            return out
+        setattr(owner, name, then_stop)
+        try:
+            yield
+        finally:
+            setattr(owner, name, original)
+
+    def stream_beside(k=None):
+        stream, got = llm.stream(prompts, params), {}
+        for n, item in enumerate(stream):
+            got.setdefault((item[0], item.completion), []).append((item[2], item[1]))
+            if n == 2:  # the stream's requests run: another call now, stopped at its k-th call of `where`
+                with contextlib.ExitStack() as stack:
+                    if k is not None:
+                        stack.enter_context(pytest.raises(KeyboardInterrupt))
+                        stack.enter_context(ctrl_c(k))
+                    llm.generate(["the lazy dog"] * 3, SamplingParams(temperature=0.8, seed=5, max_tokens=8),
+                                 use_tqdm=False)
+        return got
+    clean = stream_beside()
+    for k in (1, 3):
+        assert stream_beside(k) == clean, f"Ctrl-C at call {k}"
+    assert_pool_clean(llm)

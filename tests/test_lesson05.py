@@ -24,8 +24,6 @@ WRONG_STEPS = {
     "forgets nothing": ("self.cancel_steps(self.in_flight, current)", "pass", "take back all it counted"),
     "forgets the step ahead only": ("self.cancel_steps(self.in_flight, current)", "self.cancel_steps(self.in_flight)",
                                     "take back all it counted"),
-    "forgets the current step only": ("self.cancel_steps(self.in_flight, current)", "self.cancel_steps(current)",
-                                      "take back all it counted"),
     "Ctrl-C goes past": ("except BaseException:", "except Exception:", "KeyboardInterrupt"),
     "swallows the error": ("        raise\n", "        return []\n", "raises it again"),
     "no step_seqs": ("self.step_seqs = current.batch.seqs", "pass", "step_seqs"),

@@ -370,10 +370,12 @@ class LLM:
         stopped midway (Ctrl-C), the tokens it had handed out: other calls' streams go on from
         them."""
         try:
-            self.router.route(self.engine.step())
+            outputs = self.engine.step()
         except BaseException:
-            self.router.route(self.engine.processed)
+            outputs = self.engine.processed
             raise
+        finally:
+            self.router.route(outputs)
 
     def _run(self, seqs: dict):
         """Yield this call's Deltas as they are made, until all its sequences finish. Steps are

@@ -145,10 +145,10 @@ class LLMEngine:
             tokens, logprobs = self.runner.collect(current)
             if self.in_flight is not None and self.in_flight.waits:  # (a grammar's step: its masks)
                 self.runner.ahead(self.in_flight)
+            return self.process(current, tokens, logprobs)
         except BaseException:
             self.cancel_steps(self.in_flight, current)
             raise
-        return self.process(current, tokens, logprobs)
 
     def schedule(self) -> ScheduledBatch:
         # while scheduling: whoever runs (this list, as it grows)
@@ -169,9 +169,10 @@ class LLMEngine:
             raise
 
     def cancel_steps(self, *steps) -> None:
-        """Steps never to be processed (newest first): the scheduler takes back their counts."""
+        """Steps never to be processed, and the last one scheduled, if the engine never got to hold
+        it: the scheduler takes back what they counted and did not settle."""
         self.in_flight = None
-        for step in steps:
+        for step in (*steps, self.scheduler.scheduled):
             batch = getattr(step, "batch", step)
             if batch is not None:
                 self.scheduler.cancel(batch)
@@ -183,25 +184,33 @@ class LLMEngine:
         "error". One that finished (or was aborted) since the launch drops its row."""
         out = self.processed = []
         batch = launched.batch
+        batch.forked = []  # their copies are made: the step ran
         if launched.scorer is not None:  # prompt_logprobs, before any sequence can finish
             launched.scorer.deliver()
         for i, (seq, token, lp) in enumerate(zip(batch.seqs, tokens, logprobs)):
-            if seq.status is SequenceStatus.FINISHED:
-                continue
-            # The K/V this step wrote for it, unless it was preempted since (its blocks went back)
-            computed = batch.starts[i] + batch.num_new[i] \
-                if seq.num_preemptions == batch.preemptions[i] else None
-            known = seq.num_tokens
-            try:
-                self.update(seq, computed, token, lp)
-                out.append((seq, token))
-            except Exception as e:
-                out.extend((s, None) for s in self.fail(seq, f"{type(e).__name__}: {e}"))
-            # Ctrl-C: the rest of this step is not processed, nor will the step ahead be
-            except BaseException:
-                batch.uncount(i + (seq.num_tokens > known))
-                self.cancel_steps(self.in_flight)
-                raise
+            if seq.status is not SequenceStatus.FINISHED:
+                # The K/V this step wrote for it, unless it was preempted since (blocks went back)
+                computed = batch.starts[i] + batch.num_new[i] \
+                    if seq.num_preemptions == batch.preemptions[i] else None
+                known, held = seq.num_tokens, seq.num_placeholders
+                try:
+                    self.update(seq, computed, token, lp)
+                    out.append((seq, token))
+                except Exception as e:
+                    out.extend((s, None) for s in self.fail(seq, f"{type(e).__name__}: {e}"))
+                # Ctrl-C: the rest of this step is not processed (step() takes back its counts),
+                # nor will the step ahead be. This row is settled first: its token taken whole,
+                # or given back whole.
+                except BaseException:
+                    taken = seq.num_placeholders < held  # past its append(): the token is seq's
+                    if taken:
+                        self.settle(seq, lp)
+                        out.append((seq, token))
+                    elif token is not None:
+                        seq.untake(known)
+                    batch.settled = i + taken
+                    raise
+            batch.settled = i + 1
         self._count(batch, tokens)
         if self.in_flight is not None \
             and all(s.status is SequenceStatus.FINISHED for s in self.in_flight.batch.seqs):
@@ -215,13 +224,17 @@ class LLMEngine:
             self.cache.commit(seq.seq_id, seq.token_ids, computed)
         if token is not None:
             seq.append(token)
-            seq.num_placeholders -= 1  # the placeholder is a token now
-            seq.last_token_time = time.time()
-            seq.first_token_time = seq.first_token_time or seq.last_token_time
-            if seq.logprobs is not None:
-                seq.logprobs.append(lp)
-            if seq.finish_reason is not None:
-                self.scheduler.finish(seq)
+            seq.num_placeholders -= 1  # the placeholder is a token now: from here on, seq's
+            self.settle(seq, lp)
+
+    def settle(self, seq: Sequence, lp) -> None:
+        """What follows a token's append(), each part once: done again if a Ctrl-C cut it short."""
+        if seq.logprobs is not None and len(seq.logprobs) < seq.num_output_tokens:
+            seq.logprobs.append(lp)
+        seq.last_token_time = time.time()
+        seq.first_token_time = seq.first_token_time or seq.last_token_time
+        if seq.finish_reason is not None and seq.status is not SequenceStatus.FINISHED:
+            self.scheduler.finish(seq)
 
     def fail(self, seq: Sequence, error: str) -> list[Sequence]:
         """End seq, and its completions not started yet, with finish_reason "error"; blocks back."""

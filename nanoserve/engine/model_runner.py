@@ -77,9 +77,6 @@ class ModelRunner:
         before is processed, by the next launch or by collect, whichever comes first."""
         if previous is not None and previous.waits:
             self.draw(previous)
-        # a decode step: the longest contexts in the first rows
-        if all(n == 1 for n in batch.num_new):
-            batch = batch.longest_first()
         step, sampled = prepare_inputs(batch), [s for s, x in zip(batch.seqs, batch.sampled) if x]
         features = {name for seq in batch.seqs for name in seq.features}
         # (its own placeholder counted)

@@ -3,6 +3,7 @@
 
 """Each step's news, handed to whoever asked for it: LLM's calls and lesson 08's server share
 this."""
+from collections import deque
 from dataclasses import dataclass
 
 from nanoserve.engine.sequence import Sequence
@@ -40,6 +41,7 @@ class OutputRouter:
 
     def __init__(self):
         self.owners: dict[int, object] = {}  # a call's deque, or a server's request stream
+        self.pending: deque = deque()  # pairs not handed over yet (a Ctrl-C came midway)
 
     def add(self, seqs, owner) -> None:  # owner.append(delta) takes each delta
         self.owners.update((seq.seq_id, owner) for seq in seqs)
@@ -50,16 +52,19 @@ class OutputRouter:
 
     def route(self, outputs: list[tuple[Sequence, int | None]]) -> None:
         """One step's (sequence, new token or None) pairs: None is a prompt chunk (nothing to say)
-        or, with seq.error set, a failure. Sequences nobody owns (aborted since) are skipped."""
-        for seq, token in outputs:
+        or, with seq.error set, a failure. Sequences nobody owns (aborted since) are skipped. Each
+        pair is handed over once: after a Ctrl-C midway, the next route() hands over the rest first."""
+        self.pending.extend(outputs)
+        while self.pending:
+            seq, token = self.pending[0]
             owner = self.owners.get(seq.seq_id)
-            if owner is None or (token is None and seq.error is None):
-                continue
-            if token is None:
-                delta = Delta(seq, None, "", "error", seq.error)
-            else:
-                delta = Delta(seq, token, seq.new_text, seq.finish_reason,
-                              step=len(seq.logprobs) - 1 if seq.logprobs is not None else -1)
-            if delta.finished:
-                del self.owners[seq.seq_id]
-            owner.append(delta)
+            if owner is not None and (token is not None or seq.error is not None):
+                if token is None:
+                    delta = Delta(seq, None, "", "error", seq.error)
+                else:
+                    delta = Delta(seq, token, seq.new_text, seq.finish_reason,
+                                  step=len(seq.logprobs) - 1 if seq.logprobs is not None else -1)
+                if delta.finished:
+                    del self.owners[seq.seq_id]
+                owner.append(delta)
+            self.pending.popleft()

@@ -127,6 +127,20 @@ class Request:
         if self.finish_reason is not None and self.detok is not None:
             self.new_text += self.detok.flush()
 
+    def untake(self, known: int) -> None:
+        """Back to its first `known` tokens when a Ctrl-C cut append() short (the step is computed again):
+        the token, its text and its finish are given back, and so is its grammar's (join() rolls the matcher
+        back once check_drawn handed it the token)."""
+        if self.matcher is not None and self.took is None:
+            self.took = (None, False)
+        if self.num_tokens > known:
+            del self.token_ids[known:]
+            self.finish_reason = self.stop_reason = None
+            if self.detok is not None:  # made again: its state is a function of the tokens
+                self.detok = self._detokenizer()
+                for n, token in enumerate(self.output_ids, 1):
+                    self.detok.add(token, n >= self.params.min_tokens)
+
     def stream_text(self) -> None:
         """Make new_text after every token from now on (before the first token: a stream asks for
         it)."""

@@ -24,6 +24,7 @@ class ScheduledBatch:
     preempted: list[Sequence] = field(default_factory=list)
     copies: list[tuple[int, int]] = field(default_factory=list)  # forks' (src, dst) block copies
     forked: list[Sequence] = field(default_factory=list)  # the completions those copies are for
+    settled: int = 0  # its first rows that are settled: processed, or their counts taken back
 
     def add(self, seq: Sequence, n: int) -> None:
         """n of seq's tokens go in this step, and are counted at once: from now on seq.num_computed
@@ -49,14 +50,18 @@ class ScheduledBatch:
             self.seqs, self.num_new, self.starts, self.sampled, self.decoding, self.preemptions)),
             self.preempted, self.copies, self.forked)
 
-    def uncount(self, first: int = 0) -> None:
-        """Sequences first.. of this step were never processed (it failed, or was interrupted): take
-        back their counts (of one preempted since, only its placeholder)."""
-        for seq, n, samples, p in list(zip(self.seqs, self.num_new, self.sampled,
-                                           self.preemptions))[first:]:
-            if seq.num_preemptions == p:
-                seq.num_computed -= n
-            seq.num_placeholders -= samples
+    def uncount(self) -> None:
+        """The rest of this step will never be processed (it failed, or was interrupted): take back
+        the counts of its rows not settled yet (of one preempted since, only its placeholder). Each
+        row once: a Ctrl-C midway leaves the others to take back, and taking a step back again
+        changes nothing."""
+        rows = list(zip(self.seqs, self.num_new, self.sampled, self.preemptions))
+        while self.settled < len(rows):
+            seq, n, samples, p = rows[self.settled]
+            back = n if seq.num_preemptions == p else 0
+            # one statement: a Ctrl-C comes before it or after it
+            seq.num_computed, seq.num_placeholders, self.settled = \
+                seq.num_computed - back, seq.num_placeholders - samples, self.settled + 1
 
 
 class WaitingAndRunning:
@@ -68,6 +73,7 @@ class WaitingAndRunning:
         self.running: list[Sequence] = []  # in admission order: the last one is preempted first
         # forks' block copies, for the next step
         self.pending_copies: list[tuple[Sequence, tuple[int, int]]] = []
+        self.scheduled: ScheduledBatch | None = None  # the last step scheduled (Scheduler.schedule)
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -145,18 +151,23 @@ class Scheduler(WaitingAndRunning):
         self.max_num_batched_tokens, self.chunked = max_num_batched_tokens, enable_chunked_prefill
 
     def schedule(self) -> ScheduledBatch:
-        batch = ScheduledBatch()
+        # The step, kept as `scheduled` too: a Ctrl-C as it is handed to the engine, before the
+        # engine holds it, leaves the engine a step to cancel.
+        batch = self.scheduled = ScheduledBatch()
         try:
             self._fill(batch)
+            if batch.seqs and all(n == 1 for n in batch.num_new):  # decode: see longest_first
+                batch = self.scheduled = batch.longest_first()
+            return batch
         # interrupted halfway (Ctrl-C): no step is taken, so neither are its counts
         except BaseException:
-            self.cancel(batch)
+            self.cancel(self.scheduled)
             raise
-        return batch
 
     def cancel(self, batch: ScheduledBatch) -> None:
-        """A step that will never be processed: take back what it counted. A completion whose fork
-        copy went with it starts over (the copy's source may be gone by the next step)."""
+        """A step that will never be processed: take back what it counted and did not settle. A
+        completion whose fork copy went with it starts over (the copy's source may be gone by the
+        next step). Cancelling a step again changes nothing."""
         batch.uncount()
         for child in batch.forked:
             if child.status is SequenceStatus.RUNNING:
