@@ -54,10 +54,11 @@ class OutputRouter:
         """One step's (sequence, new token or None) pairs: None is a prompt chunk (nothing to say)
         or, with seq.error set, a failure. Sequences nobody owns (aborted since) are skipped. Each
         pair is handed over once: after a Ctrl-C midway, the next route() hands over the rest first."""
-        self.pending.extend(outputs)
-        while self.pending:
-            seq, token = self.pending[0]
-            owner = self.owners.get(seq.seq_id)
+        pending, owners = self.pending, self.owners
+        pending.extend(outputs)
+        while pending:
+            seq, token = pending[0]
+            owner = owners.get(seq.seq_id)
             if owner is not None and (token is not None or seq.error is not None):
                 if token is None:
                     delta = Delta(seq, None, "", "error", seq.error)
@@ -65,6 +66,6 @@ class OutputRouter:
                     delta = Delta(seq, token, seq.new_text, seq.finish_reason,
                                   step=len(seq.logprobs) - 1 if seq.logprobs is not None else -1)
                 if delta.finished:
-                    del self.owners[seq.seq_id]
+                    del owners[seq.seq_id]
                 owner.append(delta)
-            self.pending.popleft()
+            pending.popleft()
