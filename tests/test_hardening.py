@@ -285,9 +285,7 @@ def test_an_interrupt_while_admitting_a_request_leaks_nothing(model_dir, caching
 
 
 @pytest.mark.parametrize("async_scheduling", [False, True])
-@pytest.mark.parametrize("where", ["the scheduler hands out a step", "a token is appended",
-                                   "inside the detokenizer", "a step's tokens are routed"])
-def test_a_ctrl_c_in_one_call_leaves_a_stream_beside_it_as_it_would_be(where, async_scheduling):
+def test_a_ctrl_c_in_one_call_leaves_a_stream_beside_it_as_it_would_be(async_scheduling):
     """A stream goes on after another call on its LLM was stopped (Ctrl-C) as one part of a step returned, or
     in the middle of one: its completions (a stop string, log-probs, n=2, a grammar) get the tokens and text
     they get undisturbed, and the pool is whole at the end."""
@@ -304,7 +302,7 @@ def test_a_ctrl_c_in_one_call_leaves_a_stream_beside_it_as_it_would_be(where, as
                              structured_outputs=StructuredOutputsParams(regex="[a-z]{2,6}( [a-z]{2,6})*"))]
 
     @contextlib.contextmanager
-    def ctrl_c(k):
+    def ctrl_c(where, k):
         """A Ctrl-C at the k-th call of `where`'s function: as it returns (in the detokenizer: as it begins)."""
         owner, name = {"the scheduler hands out a step": (llm.engine.scheduler, "schedule"),
                        "a token is appended": (Request, "append"), "inside the detokenizer": (Detokenizer, "add"),
@@ -325,7 +323,7 @@ def test_a_ctrl_c_in_one_call_leaves_a_stream_beside_it_as_it_would_be(where, as
         finally:
             setattr(owner, name, original)
 
-    def stream_beside(k=None):
+    def stream_beside(where=None, k=None):
         stream, got = llm.stream(prompts, params), {}
         for n, item in enumerate(stream):
             got.setdefault((item[0], item.completion), []).append((item[2], item[1]))
@@ -333,11 +331,13 @@ def test_a_ctrl_c_in_one_call_leaves_a_stream_beside_it_as_it_would_be(where, as
                 with contextlib.ExitStack() as stack:
                     if k is not None:
                         stack.enter_context(pytest.raises(KeyboardInterrupt))
-                        stack.enter_context(ctrl_c(k))
+                        stack.enter_context(ctrl_c(where, k))
                     llm.generate(["the lazy dog"] * 3, SamplingParams(temperature=0.8, seed=5, max_tokens=8),
                                  use_tqdm=False)
         return got
     clean = stream_beside()
-    for k in (1, 3):
-        assert stream_beside(k) == clean, f"Ctrl-C at call {k}"
+    for where in ("the scheduler hands out a step", "a token is appended", "inside the detokenizer",
+                  "a step's tokens are routed"):
+        for k in (1, 3):
+            assert stream_beside(where, k) == clean, f"a Ctrl-C as {where}, at call {k}"
     assert_pool_clean(llm)

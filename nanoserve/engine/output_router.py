@@ -53,7 +53,8 @@ class OutputRouter:
     def route(self, outputs: list[tuple[Sequence, int | None]]) -> None:
         """One step's (sequence, new token or None) pairs: None is a prompt chunk (nothing to say)
         or, with seq.error set, a failure. Sequences nobody owns (aborted since) are skipped. Each
-        pair is handed over once: after a Ctrl-C midway, the next route() hands over the rest first."""
+        pair is handed over once: after a Ctrl-C midway, the next route() hands the rest over
+        first."""
         pending, owners = self.pending, self.owners
         pending.extend(outputs)
         while pending:
@@ -63,8 +64,8 @@ class OutputRouter:
                 if token is None:
                     delta = Delta(seq, None, "", "error", seq.error)
                 else:
-                    delta = Delta(seq, token, seq.new_text, seq.finish_reason,
-                                  step=len(seq.logprobs) - 1 if seq.logprobs is not None else -1)
+                    step = len(seq.logprobs) - 1 if seq.logprobs is not None else -1
+                    delta = Delta(seq, token, seq.new_text, seq.finish_reason, step=step)
                 if delta.finished:
                     del owners[seq.seq_id]
                 owner.append(delta)

@@ -128,9 +128,9 @@ class Request:
             self.new_text += self.detok.flush()
 
     def untake(self, known: int) -> None:
-        """Back to its first `known` tokens when a Ctrl-C cut append() short (the step is computed again):
-        the token, its text and its finish are given back, and so is its grammar's (join() rolls the matcher
-        back once check_drawn handed it the token)."""
+        """Back to its first `known` tokens when a Ctrl-C cut append() short (the step is computed
+        again): the token, its text and its finish are given back, and so is its grammar's (join()
+        rolls the matcher back once check_drawn handed it the token)."""
         if self.matcher is not None and self.took is None:
             self.took = (None, False)
         if self.num_tokens > known:
