@@ -284,12 +284,35 @@ def test_an_interrupt_while_admitting_a_request_leaks_nothing(model_dir, caching
 
 
 
+def test_a_ctrl_c_during_bookkeeping_comes_as_it_ends_once_and_only_in_the_main_thread():
+    import signal
+    import threading
+
+    from nanoserve.engine.interrupts import held_interrupts
+    done = []
+    with pytest.raises(KeyboardInterrupt):
+        with held_interrupts():
+            with held_interrupts():
+                signal.raise_signal(signal.SIGINT)
+                done.append("inner")
+            done.append("outer")
+    assert done == ["inner", "outer"] and signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    with held_interrupts():  # nothing held: nothing raised
+        pass
+    in_thread = []
+    thread = threading.Thread(target=lambda: in_thread.append(held_interrupts().__enter__() is None))
+    thread.start()
+    thread.join()
+    assert in_thread == [True] and signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
 @pytest.mark.parametrize("async_scheduling", [False, True])
 def test_a_ctrl_c_in_one_call_leaves_a_stream_beside_it_as_it_would_be(async_scheduling):
     """A stream goes on after another call on its LLM was stopped (Ctrl-C) as one part of a step returned, or
     in the middle of one: its completions (a stop string, log-probs, n=2, a grammar) get the tokens and text
     they get undisturbed, and the pool is whole at the end."""
     import contextlib
+    import signal
 
     from nanoserve import StructuredOutputsParams
     from nanoserve.engine.detokenizer import Detokenizer
@@ -303,14 +326,20 @@ def test_a_ctrl_c_in_one_call_leaves_a_stream_beside_it_as_it_would_be(async_sch
 
     @contextlib.contextmanager
     def ctrl_c(where, k):
-        """A Ctrl-C at the k-th call of `where`'s function: as it returns (in the detokenizer: as it begins)."""
+        """A Ctrl-C at the k-th call of `where`'s function: as it returns (in the detokenizer: as it begins). As a
+        finished sequence's blocks go back, a real SIGINT, which Python raises at its next check: at once, unless
+        held."""
         owner, name = {"the scheduler hands out a step": (llm.engine.scheduler, "schedule"),
                        "a token is appended": (Request, "append"), "inside the detokenizer": (Detokenizer, "add"),
-                       "a step's tokens are routed": (llm.router, "route")}[where]
+                       "a step's tokens are routed": (llm.router, "route"),
+                       "blocks go back to the pool": (llm.cache.block_manager, "_return_blocks")}[where]
         original, calls = getattr(owner, name), [0]
 
         def then_stop(*args, **kwargs):
             calls[0] += 1
+            if calls[0] == k and owner is llm.cache.block_manager:
+                signal.raise_signal(signal.SIGINT)
+                return original(*args, **kwargs)
             if calls[0] == k and owner is Detokenizer:
                 raise KeyboardInterrupt
             out = original(*args, **kwargs)
@@ -337,7 +366,7 @@ def test_a_ctrl_c_in_one_call_leaves_a_stream_beside_it_as_it_would_be(async_sch
         return got
     clean = stream_beside()
     for where in ("the scheduler hands out a step", "a token is appended", "inside the detokenizer",
-                  "a step's tokens are routed"):
+                  "a step's tokens are routed", "blocks go back to the pool"):
         for k in (1, 3):
             assert stream_beside(where, k) == clean, f"a Ctrl-C as {where}, at call {k}"
     assert_pool_clean(llm)

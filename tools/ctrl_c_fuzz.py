@@ -3,7 +3,8 @@
 
 A stream of requests with random features (grammars, penalties, logit_bias, min_p, bans, log-probs, n > 1,
 stops) runs on one LLM; after its third item, another call on the same LLM (requests with random features
-too) is stopped by a KeyboardInterrupt raised at a random event of the engine's code (a sys.settrace hook).
+too) is stopped by a KeyboardInterrupt raised at a random event of the engine's code (a sys.settrace hook), or
+at the end of the held_interrupts() block that event is in, as a real Ctrl-C would be.
 The stream then runs to its end. Each trial checks that the stream got what it gets undisturbed, that the
 other call's requests, run again, give what they gave before, and that the pool is whole.
 
@@ -15,6 +16,7 @@ On a CPU, with tiny-qwen3 (nanoserve prepare tiny-qwen3).
 import argparse
 import json
 import random
+import signal
 import sys
 
 from nanoserve import LLM, SamplingParams, StructuredOutputsParams
@@ -70,13 +72,18 @@ def main() -> int:
     stream_params = [random_params(rng, 1000 + i) for i in range(len(stream_prompts))]
     other_params = [random_params(rng, 2000 + i) for i in range(len(other_prompts))]
     pool = llm.cache.block_manager
-    free, events = pool.num_free, [0]
+    free, events, where = pool.num_free, [0], [None]
 
     def stop_at(n):
+        """Count the engine's events; from the n-th on, raise KeyboardInterrupt at the first one that a real
+        SIGINT could reach: not inside held_interrupts(), which holds it (Python's handler is not set there)."""
+        armed = [n > 0]
+
         def tracer(frame, event, arg):
             if "nanoserve" in frame.f_code.co_filename:
                 events[0] += 1
-                if events[0] == n:
+                if armed[0] and events[0] >= n and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+                    armed[0], where[0] = False, f"{frame.f_code.co_qualname}, line {frame.f_lineno}"
                     raise KeyboardInterrupt
             return tracer
         return tracer
@@ -105,14 +112,14 @@ def main() -> int:
         point = rng.randrange(1, total)
         if trial(point) != clean_stream:
             problems += 1
-            print(f"seed {args.seed}, stopped at event {point} of {total}: the stream beside changed")
+            print(f"seed {args.seed}, stopped at event {point} of {total} ({where[0]}): the stream beside changed")
         if other_call() != clean_other:
             problems += 1
-            print(f"seed {args.seed}, stopped at event {point} of {total}: the stopped call's requests, run again, "
+            print(f"seed {args.seed}, stopped at event {point} of {total} ({where[0]}): the stopped call's requests, run again, "
                   "changed")
         if pool.num_free != free or llm.engine.has_unfinished():
             problems += 1
-            print(f"seed {args.seed}, stopped at event {point} of {total}: the pool is not whole "
+            print(f"seed {args.seed}, stopped at event {point} of {total} ({where[0]}): the pool is not whole "
                   f"({pool.num_free} of {free} free)")
     print(f"seed {args.seed} ok" if not problems else f"seed {args.seed}: {problems} problems")
     return 1 if problems else 0

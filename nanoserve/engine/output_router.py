@@ -6,6 +6,7 @@ this."""
 from collections import deque
 from dataclasses import dataclass
 
+from nanoserve.engine.interrupts import held_interrupts
 from nanoserve.engine.sequence import Sequence
 
 
@@ -53,20 +54,21 @@ class OutputRouter:
     def route(self, outputs: list[tuple[Sequence, int | None]]) -> None:
         """One step's (sequence, new token or None) pairs: None is a prompt chunk (nothing to say)
         or, with seq.error set, a failure. Sequences nobody owns (aborted since) are skipped. Each
-        pair is handed over once: after a Ctrl-C midway, the next route() hands the rest over
-        first."""
+        pair is handed over once (a Ctrl-C waits until they all are): after an owner raised midway,
+        the next route() hands the rest over first."""
         pending, owners = self.pending, self.owners
         pending.extend(outputs)
-        while pending:
-            seq, token = pending[0]
-            owner = owners.get(seq.seq_id)
-            if owner is not None and (token is not None or seq.error is not None):
-                if token is None:
-                    delta = Delta(seq, None, "", "error", seq.error)
-                else:
-                    step = len(seq.logprobs) - 1 if seq.logprobs is not None else -1
-                    delta = Delta(seq, token, seq.new_text, seq.finish_reason, step=step)
-                if delta.finished:
-                    del owners[seq.seq_id]
-                owner.append(delta)
-            pending.popleft()
+        with held_interrupts():
+            while pending:
+                seq, token = pending[0]
+                owner = owners.get(seq.seq_id)
+                if owner is not None and (token is not None or seq.error is not None):
+                    if token is None:
+                        delta = Delta(seq, None, "", "error", seq.error)
+                    else:
+                        step = len(seq.logprobs) - 1 if seq.logprobs is not None else -1
+                        delta = Delta(seq, token, seq.new_text, seq.finish_reason, step=step)
+                    if delta.finished:
+                        del owners[seq.seq_id]
+                    owner.append(delta)
+                pending.popleft()

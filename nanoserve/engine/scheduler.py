@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 from nanoserve.cache.block_manager import OutOfBlocks
 from nanoserve.cache.protocol import KVCache
+from nanoserve.engine.interrupts import held_interrupts
 from nanoserve.engine.sequence import Sequence, SequenceStatus
 
 
@@ -102,21 +103,22 @@ class WaitingAndRunning:
     def finish(self, seq: Sequence) -> None:
         """seq has its last token. Its completions not started yet start now, while its blocks still
         exist."""
-        if seq.forks:
-            self.start_forks(seq)
-        self.abort(seq)
+        with held_interrupts():  # a fork half started, or a sequence half dropped, is lost for good
+            if seq.forks:
+                self.start_forks(seq)
+            self.abort(seq)
 
     def abort(self, seq: Sequence) -> None:
         """Drop a sequence wherever it is (finished, given up on, or a step was interrupted while
-        admitting it): out of both queues, its blocks (if any) back to the pool. In this order, an
-        interruption (Ctrl-C) at any line leaves something abort() can clean up."""
-        if seq.status is not SequenceStatus.FINISHED:
-            self.cache.release(seq.seq_id)
-        if seq in self.running:
-            self.running.remove(seq)
-        if seq in self.waiting:
-            self.waiting.remove(seq)
-        seq.status = SequenceStatus.FINISHED
+        admitting it): out of both queues, its blocks (if any) back to the pool."""
+        with held_interrupts():  # blocks half returned would be in no list
+            if seq.status is not SequenceStatus.FINISHED:
+                self.cache.release(seq.seq_id)
+            if seq in self.running:
+                self.running.remove(seq)
+            if seq in self.waiting:
+                self.waiting.remove(seq)
+            seq.status = SequenceStatus.FINISHED
 
     def start_forks(self, seq: Sequence) -> None:
         """The request's other completions share seq's computed prompt; each recomputes only its
@@ -155,11 +157,12 @@ class Scheduler(WaitingAndRunning):
         # engine holds it, leaves the engine a step to cancel.
         batch = self.scheduled = ScheduledBatch()
         try:
-            self._fill(batch)
-            if batch.seqs and all(n == 1 for n in batch.num_new):  # decode: see longest_first
-                batch = self.scheduled = batch.longest_first()
+            with held_interrupts():  # a Ctrl-C comes before the step is filled or after
+                self._fill(batch)
+                if batch.seqs and all(n == 1 for n in batch.num_new):  # decode: see longest_first
+                    batch = self.scheduled = batch.longest_first()
             return batch
-        # interrupted halfway (Ctrl-C): no step is taken, so neither are its counts
+        # an error halfway: no step is taken, so neither are its counts
         except BaseException:
             self.cancel(self.scheduled)
             raise
