@@ -284,7 +284,17 @@ def test_an_interrupt_while_admitting_a_request_leaks_nothing(model_dir, caching
 
 
 
-def test_a_ctrl_c_during_bookkeeping_comes_as_it_ends_once_and_only_in_the_main_thread():
+@pytest.fixture
+def sigint_raises():
+    """Python's own SIGINT handler, which raises KeyboardInterrupt, as in a terminal or a notebook (a process
+    started in the background of a shell inherits SIGINT ignored)."""
+    import signal
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
+def test_a_ctrl_c_during_bookkeeping_comes_as_it_ends_once_and_only_in_the_main_thread(sigint_raises):
     import signal
     import threading
 
@@ -307,7 +317,7 @@ def test_a_ctrl_c_during_bookkeeping_comes_as_it_ends_once_and_only_in_the_main_
 
 
 @pytest.mark.parametrize("async_scheduling", [False, True])
-def test_a_ctrl_c_in_one_call_leaves_a_stream_beside_it_as_it_would_be(async_scheduling):
+def test_a_ctrl_c_in_one_call_leaves_a_stream_beside_it_as_it_would_be(async_scheduling, sigint_raises):
     """A stream goes on after another call on its LLM was stopped (Ctrl-C) as one part of a step returned, or
     in the middle of one: its completions (a stop string, log-probs, n=2, a grammar) get the tokens and text
     they get undisturbed, and the pool is whole at the end."""

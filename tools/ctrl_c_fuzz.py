@@ -66,6 +66,8 @@ def main() -> int:
     parser.add_argument("--llm", default="{}", help="LLM settings, as JSON")
     args = parser.parse_args()
     rng = random.Random(args.seed)
+    # Python's own handler, as in a terminal or a notebook (one started in a shell's background has SIGINT ignored)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     llm = LLM("tiny-qwen3", device="cpu", max_model_len=256, **json.loads(args.llm))
     prompts = lambda: [" ".join(rng.choices(WORDS, k=rng.randint(1, 30))) for _ in range(rng.randint(2, 5))]
     stream_prompts, other_prompts = prompts(), prompts()
