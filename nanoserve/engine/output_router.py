@@ -42,7 +42,7 @@ class OutputRouter:
 
     def __init__(self):
         self.owners: dict[int, object] = {}  # a call's deque, or a server's request stream
-        self.pending: deque = deque()  # pairs not handed over yet (a Ctrl-C came midway)
+        self.pending: deque = deque()  # pairs not handed over yet (an owner raised midway)
 
     def add(self, seqs, owner) -> None:  # owner.append(delta) takes each delta
         self.owners.update((seq.seq_id, owner) for seq in seqs)
