@@ -7,6 +7,7 @@ import time
 from dataclasses import dataclass
 
 from nanoserve.cache.paged import PagedKVCache
+from nanoserve.engine.interrupts import held_interrupts
 from nanoserve.engine.model_runner import LaunchedStep, ModelRunner
 from nanoserve.engine.request import prepare
 from nanoserve.engine.sampling_params import InvalidParameter, SamplingParams
@@ -181,40 +182,42 @@ class LLMEngine:
                 logprobs: list) -> list[tuple[Sequence, int | None]]:
         """Bring every sequence of a computed step up to date: its K/V, its new token, finished or
         not. One whose update raises (its detokenizer, say) fails alone: (seq, None), finish_reason
-        "error". One that finished (or was aborted) since the launch drops its row."""
+        "error". One that finished (or was aborted) since the launch drops its row. It runs whole:
+        a Ctrl-C comes as it ends."""
         out = self.processed = []
-        batch = launched.batch
-        batch.forked = []  # their copies are made: the step ran
-        if launched.scorer is not None:  # prompt_logprobs, before any sequence can finish
-            launched.scorer.deliver()
-        for i, (seq, token, lp) in enumerate(zip(batch.seqs, tokens, logprobs)):
-            if seq.status is not SequenceStatus.FINISHED:
-                # The K/V this step wrote for it, unless it was preempted since (blocks went back)
-                computed = batch.starts[i] + batch.num_new[i] \
-                    if seq.num_preemptions == batch.preemptions[i] else None
-                known, held = seq.num_tokens, seq.num_placeholders
-                try:
-                    self.update(seq, computed, token, lp)
-                    out.append((seq, token))
-                except Exception as e:
-                    out.extend((s, None) for s in self.fail(seq, f"{type(e).__name__}: {e}"))
-                # Ctrl-C: the rest of this step is not processed (step() takes back its counts),
-                # nor will the step ahead be. This row is settled first: its token taken whole,
-                # or given back whole.
-                except BaseException:
-                    taken = seq.num_placeholders < held  # past its append(): the token is seq's
-                    if taken:
-                        self.settle(seq, lp)
+        with held_interrupts():
+            batch = launched.batch
+            batch.forked = []  # their copies are made: the step ran
+            if launched.scorer is not None:  # prompt_logprobs, before any sequence can finish
+                launched.scorer.deliver()
+            for i, (seq, token, lp) in enumerate(zip(batch.seqs, tokens, logprobs)):
+                if seq.status is not SequenceStatus.FINISHED:
+                    # The K/V this step wrote for it, unless preempted since (blocks went back)
+                    computed = batch.starts[i] + batch.num_new[i] \
+                        if seq.num_preemptions == batch.preemptions[i] else None
+                    known, held = seq.num_tokens, seq.num_placeholders
+                    try:
+                        self.update(seq, computed, token, lp)
                         out.append((seq, token))
-                    elif token is not None:
-                        seq.untake(known)
-                    batch.settled = i + taken
-                    raise
-            batch.settled = i + 1
-        self._count(batch, tokens)
-        if self.in_flight is not None \
-            and all(s.status is SequenceStatus.FINISHED for s in self.in_flight.batch.seqs):
-            self.in_flight = None  # every sequence in it has finished: nothing to wait for
+                    except Exception as e:
+                        out.extend((s, None) for s in self.fail(seq, f"{type(e).__name__}: {e}"))
+                    # KeyboardInterrupt raised by code, SystemExit: the rest of this step is not
+                    # processed (step() takes back its counts), nor will the step ahead be. This row
+                    # is settled first: its token taken whole, or given back whole.
+                    except BaseException:
+                        taken = seq.num_placeholders < held  # past its append(): the token is seq's
+                        if taken:
+                            self.settle(seq, lp)
+                            out.append((seq, token))
+                        elif token is not None:
+                            seq.untake(known)
+                        batch.settled = i + taken
+                        raise
+                batch.settled = i + 1
+            self._count(batch, tokens)
+            if self.in_flight is not None \
+                and all(s.status is SequenceStatus.FINISHED for s in self.in_flight.batch.seqs):
+                self.in_flight = None  # every sequence in it has finished: nothing to wait for
         return out
 
     def update(self, seq: Sequence, computed: int | None, token: int | None, lp) -> None:
