@@ -2,7 +2,9 @@
 # Edit the notebook, then run `make export` (python tools/export.py).
 
 """Bookkeeping that runs whole: a Ctrl-C that comes during it is held until it ends."""
-import signal
+# signal's own C functions: the module's wrappers (enums, with an exception caught each call) take
+# microseconds, and this runs a few times a step
+import _signal as signal
 import threading
 from contextlib import contextmanager
 
